@@ -1,0 +1,79 @@
+"""mpimesh: program a whole MPI job from one Python script.
+
+Rank 0 runs your script as the controller; the other ranks host actors.
+Launch with ``mpirun -n N python -m mpimesh script.py``, or run
+``python script.py`` and let ``spawn_procs`` create workers with
+``MPI_Comm_spawn``.  The API follows Monarch's ``monarch.actor``.
+"""
+
+from ._version import __version__ as __version__
+from .actor import Actor as Actor
+from .actor import endpoint as endpoint
+from .actor_mesh import ActorMesh as ActorMesh
+from .actor_mesh import Endpoint as Endpoint
+from .channel import Channel as Channel
+from .channel import Port as Port
+from .channel import PortReceiver as PortReceiver
+from .context import Context as Context
+from .context import Instance as Instance
+from .context import context as context
+from .context import current_actor_name as current_actor_name
+from .context import current_rank as current_rank
+from .context import current_size as current_size
+from .errors import ActorError as ActorError
+from .errors import MeshInternalError as MeshInternalError
+from .errors import RemoteException as RemoteException
+from .errors import RemoteTraceback as RemoteTraceback
+from .errors import SupervisionError as SupervisionError
+from .future import Future as Future
+from .proc_mesh import HostMesh as HostMesh
+from .proc_mesh import ProcMesh as ProcMesh
+from .proc_mesh import this_host as this_host
+from .proc_mesh import this_proc as this_proc
+from .shape import Extent as Extent
+from .shape import Point as Point
+from .shape import Shape as Shape
+from .value_mesh import ValueMesh as ValueMesh
+
+__all__ = [
+    "Actor",
+    "ActorError",
+    "ActorMesh",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "Instance",
+    "MeshInternalError",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcMesh",
+    "RemoteException",
+    "RemoteTraceback",
+    "Shape",
+    "SupervisionError",
+    "ValueMesh",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "this_host",
+    "this_proc",
+]
+
+
+def _fixup_module_metadata() -> None:
+    # Public objects report `mpimesh` as their module (trio's
+    # fixup_module_metadata): shorter reprs, and stable names in pickles.
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("mpimesh."):
+            obj.__module__ = "mpimesh"
+
+
+_fixup_module_metadata()
+del _fixup_module_metadata

@@ -1,0 +1,388 @@
+"""Hosting actors in this process: mailboxes, actor threads, replies.
+
+Each actor runs on a thread of its own and handles its mailbox in arrival
+order.  A sync actor's thread, while its mailbox is empty, takes part in MPI
+progress (see ``_progress``): under traffic it receives its own messages, so a
+call costs no thread hand-off.  An async actor's thread runs an asyncio loop;
+its endpoints await futures that the polling thread completes.
+
+No exception raised by user code escapes this module: it becomes an error
+reply to the caller, or, when nobody waits for an answer, a FAULT report to
+the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import _serialize
+from ._protocol import Kind, Status
+from .context import Context, Instance, _current
+from .shape import Extent, Point
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["ActorHost"]
+
+Addr = tuple[int, int]
+Port = tuple[Addr, int]
+
+
+def _point(raw: tuple[int, tuple[str, ...], tuple[int, ...]]) -> Point:
+    rank, labels, sizes = raw
+    return Point(rank, Extent(labels, sizes))
+
+
+class _Cell:
+    """One actor: its instance, mailbox and thread."""
+
+    def __init__(
+        self, host: ActorHost, key: tuple, name: str, point: Point, is_async: bool, creator: str | None
+    ) -> None:
+        self.host = host
+        self.runtime = host.runtime
+        self.key = key
+        self.name = name
+        self.point = point
+        self.is_async = is_async
+        self.creator = creator
+        self.instance: Any = None
+        self.state = "starting"
+        self.failure: str | None = None
+        self.stop_reason: str | None = None
+        self.mailbox: deque[tuple] = deque()
+        self.cond = threading.Condition()
+        addr = self.runtime.addr
+        self.actor_id = f"{name}[{point.rank}]@{addr[0]}.{addr[1]}"
+        coords = ", ".join(f"{k}={v}" for k, v in point.items())
+        self.header = f"### rank {point.rank} ({coords}) on {self.runtime.host} in actor {name!r}"
+        self.identity = Instance(point, name, "", self.actor_id, None, creator, self)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        if is_async:
+            self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._main, name=f"mpimesh-actor-{self.actor_id}", daemon=True)
+        self.finished = threading.Event()
+
+    # -- mailbox -----------------------------------------------------------
+
+    def put(self, item: tuple) -> None:
+        if self.loop is not None:
+            self.mailbox.append(item)
+            try:
+                self.loop.call_soon_threadsafe(self._notify_async)
+            except RuntimeError:
+                pass  # loop closed: the actor has stopped
+            return
+        with self.cond:
+            self.mailbox.append(item)
+            self.cond.notify()
+
+    def _notify_async(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _has_mail(self) -> bool:
+        return bool(self.mailbox)
+
+    def request_stop(self, reason: str) -> None:
+        self.put(("stop", reason, None))
+
+    # -- thread bodies -----------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            if self.loop is None:
+                while True:
+                    self.runtime.progress.wait(self._has_mail, self.cond)
+                    if not self._handle(self.mailbox.popleft()):
+                        break
+            else:
+                asyncio.set_event_loop(self.loop)
+                self.loop.run_until_complete(self._amain())
+        except BaseException as exc:  # last resort: never let the thread die silently
+            self._report_fault(exc, "actor thread")
+        finally:
+            self.state = "stopped" if self.state != "failed" else "failed"
+            self.finished.set()
+            if self.loop is not None:
+                self.loop.close()
+
+    async def _amain(self) -> None:
+        self._wake = asyncio.Event()
+        while True:
+            while not self.mailbox:
+                self._wake.clear()
+                if self.mailbox:
+                    break
+                await self._wake.wait()
+            if not await self._ahandle(self.mailbox.popleft()):
+                break
+
+    def _handle(self, item: tuple) -> bool:
+        kind = item[0]
+        if kind == "call":
+            self._call(item, None)
+            return True
+        if kind == "init":
+            self._init(item)
+            return True
+        return self._stop(item, None)
+
+    async def _ahandle(self, item: tuple) -> bool:
+        kind = item[0]
+        if kind == "call":
+            pending: list[Any] = []
+            self._call(item, pending)
+            if pending:
+                await pending[0]
+            return True
+        if kind == "init":
+            self._init(item)
+            return True
+        pending = []
+        keep = self._stop(item, pending)
+        if pending:
+            await pending[0]
+        return keep
+
+    # -- message kinds -------------------------------------------------------
+
+    def _init(self, item: tuple) -> None:
+        _, body, buffers, port = item
+        token = _current.set(Context(self.identity, self.point))
+        try:
+            cls, args, kwargs, proc_mesh = _serialize.loads(body, buffers)
+            self.identity.class_name = cls.__qualname__
+            self.identity.proc_mesh = proc_mesh
+            self.instance = cls(*args, **kwargs)
+        except BaseException as exc:
+            self.state = "failed"
+            self.failure = f"{type(exc).__name__} in __init__: {exc}"
+            self._error(port, self.point.rank, exc)
+        else:
+            self.state = "running"
+            self.runtime.reply(port, self.point.rank, Status.OK, None)
+        finally:
+            _current.reset(token)
+
+    def _call(self, item: tuple, pending: list[Any] | None) -> None:
+        _, frame, buffers, src = item
+        _, _, _, method, body, port, mpoint = frame[:7]
+        index = mpoint[0]
+        if self.state != "running":
+            if port is not None:
+                report = f"actor {self.actor_id} cannot take {method}(): it {self._why_not()}"
+                self.runtime.reply(port, index, Status.FAILED, report)
+            return
+        token = _current.set(Context(self.identity, _point(mpoint)))
+        try:
+            args, kwargs = _serialize.loads(body, buffers)
+            fn = getattr(self.instance, method)
+            info = getattr(fn, "_mpimesh_endpoint", None)
+            if info is None:
+                raise AttributeError(f"{type(self.instance).__qualname__}.{method} is not an endpoint")
+            if info["explicit_response_port"]:
+                from .channel import Port as PortObject
+
+                args = (PortObject(port, index),) + tuple(args)
+                port = None  # the method answers through its port
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                if pending is None:
+                    raise TypeError(f"endpoint {method} returned an awaitable in a sync actor; declare it async def")
+                pending.append(self._finish_async(result, port, index, method, token))
+                token = None
+                return
+        except BaseException as exc:
+            self._failed_call(exc, port, index, method)
+        else:
+            if port is not None:
+                self._answer(port, index, result, method)
+        finally:
+            if token is not None:
+                _current.reset(token)
+
+    async def _finish_async(self, awaitable: Any, port: Port | None, index: int, method: str, token: Any) -> None:
+        try:
+            result = await awaitable
+        except BaseException as exc:
+            self._failed_call(exc, port, index, method)
+        else:
+            if port is not None:
+                self._answer(port, index, result, method)
+        finally:
+            _current.reset(token)
+
+    def _answer(self, port: Port, index: int, result: Any, method: str) -> None:
+        try:
+            self.runtime.reply(port, index, Status.OK, result)
+        except Exception as exc:
+            error = TypeError(
+                f"cannot pickle the result of endpoint {method} ({_serialize.describe(result)}): {exc}; "
+                "return plain data, numpy arrays or tensors"
+            )
+            self._error(port, index, error)
+
+    def _failed_call(self, exc: BaseException, port: Port | None, index: int, method: str) -> None:
+        if port is not None and isinstance(exc, Exception):
+            self._error(port, index, exc)
+            return
+        # No caller to tell (broadcast), or not an ordinary exception: the
+        # actor fails and its owner hears about it.
+        self.state = "failed"
+        self.failure = f"{type(exc).__name__} in {method}: {exc}"
+        if port is not None:
+            self.runtime.reply(port, index, Status.FAILED, f"actor {self.actor_id} failed: {self.failure}")
+        self._report_fault(exc, method)
+
+    def _error(self, port: Port | None, index: int, exc: BaseException) -> None:
+        if port is None:
+            return
+        payload = _serialize.error_payload(exc, self.header, self.point.rank, dict(self.point), self.runtime.host)
+        self.runtime.reply(port, index, Status.ERROR, payload)
+
+    def _why_not(self) -> str:
+        if self.state == "failed":
+            return f"failed ({self.failure})"
+        return f"is {self.state}"
+
+    def _report_fault(self, exc: BaseException, where: str) -> None:
+        import traceback
+
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        report = f"{self.header}: {type(exc).__name__} in {where}: {exc}\n{text}"
+        try:
+            self.runtime.fault(self.key, self.point.rank, report)
+        except Exception:
+            print(report, file=sys.stderr, flush=True)
+
+    def _stop(self, item: tuple, pending: list[Any] | None) -> bool:
+        _, reason, done = item
+        self.stop_reason = reason
+        cleanup = getattr(self.instance, "__cleanup__", None)
+        if cleanup is not None:
+            token = _current.set(Context(self.identity, self.point))
+            try:
+                result = cleanup(None)
+                if inspect.isawaitable(result) and pending is not None:
+
+                    async def finish() -> None:
+                        try:
+                            await result
+                        except Exception as exc:
+                            self._report_fault(exc, "__cleanup__")
+                        finally:
+                            self._stopped(done)
+
+                    pending.append(finish())
+                    return False
+            except Exception as exc:
+                self._report_fault(exc, "__cleanup__")
+            finally:
+                _current.reset(token)
+        self._stopped(done)
+        return False
+
+    def _stopped(self, done: Callable[[], None] | None) -> None:
+        if self.state != "failed":
+            self.state = "stopped"
+        self.host.forget(self.key, self.stop_reason or "stopped")
+        if done is not None:
+            done()
+
+
+class ActorHost:
+    """The actors living in this process."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.lock = threading.Lock()
+        self.cells: dict[tuple, _Cell] = {}
+        # Calls that overtook their SPAWN (sent by another process than the
+        # spawner): held until the actor exists.
+        self.parked: dict[tuple, list[tuple]] = {}
+        self.tombstones: dict[tuple, str] = {}
+
+    def on_spawn(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        _, _, key, name, point, is_async, body, port, creator = frame
+        cell = _Cell(self, key, name, _point(point), is_async, creator)
+        with self.lock:
+            self.cells[key] = cell
+            parked = self.parked.pop(key, [])
+        cell.put(("init", body, buffers, port))
+        for item in parked:
+            cell.put(item)
+        cell.thread.start()
+
+    def on_call(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        key = frame[2]
+        cell = self.cells.get(key)
+        if cell is not None:
+            cell.put(("call", frame, buffers, src))
+            return
+        with self.lock:
+            cell = self.cells.get(key)
+            if cell is None:
+                reason = self.tombstones.get(key)
+                if reason is None:
+                    self.parked.setdefault(key, []).append(("call", frame, buffers, src))
+                    return
+        if cell is not None:
+            cell.put(("call", frame, buffers, src))
+            return
+        port, mpoint = frame[5], frame[6]
+        if port is not None:
+            self.runtime.reply(port, mpoint[0], Status.FAILED, f"actor {frame[3]}() target is gone: {reason}")
+
+    def on_stop(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        _, _, key, port, index, reason = frame
+        if key is None:
+            self.stop_all(reason, lambda: port is not None and self.runtime.reply(port, index, Status.OK, None))
+            return
+        cell = self.cells.get(key)
+        if cell is None:
+            if port is not None:
+                self.runtime.reply(port, index, Status.OK, None)
+            return
+        cell.put(("stop", reason, lambda: port is not None and self.runtime.reply(port, index, Status.OK, None)))
+
+    def stop_all(self, reason: str, done: Callable[[], Any]) -> list[_Cell]:
+        """Stop every actor; ``done()`` runs once all have stopped."""
+        with self.lock:
+            cells = list(self.cells.values())
+        if not cells:
+            done()
+            return []
+        left = [len(cells)]
+        lock = threading.Lock()
+
+        def one_done() -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done()
+
+        for cell in cells:
+            cell.put(("stop", reason, one_done))
+        return cells
+
+    def forget(self, key: tuple, reason: str) -> None:
+        with self.lock:
+            self.cells.pop(key, None)
+            self.tombstones[key] = reason
+
+    def wait_stopped(self, cells: list[_Cell], timeout: float) -> list[_Cell]:
+        """Wait (bounded) for cells to finish; returns those still running."""
+        deadline = time.monotonic() + timeout
+        for cell in cells:
+            cell.finished.wait(max(0.0, deadline - time.monotonic()))
+        return [c for c in cells if not c.finished.is_set()]

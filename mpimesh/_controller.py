@@ -1,0 +1,261 @@
+"""Rank 0's process management: the launch pool, spawned islands, shutdown.
+
+The controller hands out launch-pool ranks while it has room and otherwise
+creates processes with ``MPI_Comm_spawn`` (one *island* per spawn).  It
+relays frames between islands, and at the end of the job it stops every
+process in bounded time: SHUTDOWN, wait for BYE, and abort the job if a
+launch-pool worker does not answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _serialize
+from ._mpi import MPI
+from ._ports import Gather
+from ._protocol import Kind, Status
+from .config import settings
+from .future import Future
+from .shape import Shape
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["Controller", "ProcInfo"]
+
+Addr = tuple[int, int]
+
+
+@dataclass
+class ProcInfo:
+    """What the controller knows about one worker process."""
+
+    addr: Addr
+    host: str
+    pid: int
+    hello: bool = True
+    bye: bool = False
+    allocated: bool = False
+
+
+class Controller:
+    """Process management on rank 0.
+
+    Args:
+        runtime: the controller's runtime.
+        pool: ``(addr, host, pid)`` of every launch-pool worker.
+    """
+
+    def __init__(self, runtime: Runtime, pool: list[tuple[Addr, str, int]]) -> None:
+        self.rt = runtime
+        self.lock = threading.RLock()
+        self.cond = threading.Condition()
+        self.procs: dict[Addr, ProcInfo] = {a: ProcInfo(a, h, p) for a, h, p in pool}
+        self.free: list[Addr] = [a for a, _, _ in pool]
+        self.islands: dict[int, list[Addr]] = {}
+        self._next_island = 1
+        self._service = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-service")
+        self._thread = threading.Thread(target=self._background, name="mpimesh-progress", daemon=True)
+        self._closed = False
+        self.failed_exit = False
+
+    def start(self) -> None:
+        """Start the background progress thread."""
+        self._thread.start()
+
+    def _background(self) -> None:
+        rt = self.rt
+        while not rt.stopping:
+            rt.progress.wait(lambda: rt.stopping, rt.cond, 0.25, background=True)
+
+    # -- allocation ------------------------------------------------------------
+
+    def allocate(self, n: int) -> list[ProcInfo]:
+        """``n`` worker processes: from the launch pool if it has room, else spawned."""
+        with self.lock:
+            if len(self.free) >= n:
+                take, self.free = self.free[:n], self.free[n:]
+                for addr in take:
+                    self.procs[addr].allocated = True
+                return [self.procs[a] for a in take]
+        return self._spawn_island(n)
+
+    def _spawn_island(self, n: int) -> list[ProcInfo]:
+        rt = self.rt
+        with self.lock:
+            island = self._next_island
+            self._next_island += 1
+        info = MPI.Info.Create()
+        info.Set("wdir", os.getcwd())
+        args = ["-m", "mpimesh", "--worker", "--island", str(island)]
+        with rt.router.lock:
+            inter = MPI.COMM_SELF.Spawn(sys.executable, args=args, maxprocs=n, info=info)
+        info.Free()
+        addrs = [(island, r) for r in range(n)]
+        with self.lock:
+            for addr in addrs:
+                self.procs[addr] = ProcInfo(addr, "", 0, hello=False, allocated=True)
+            self.islands[island] = addrs
+        rt.router.add_island(inter, island)
+        for addr in addrs:
+            rt.send(addr, (Kind.INIT, None, island, rt.host, rt.pid, list(sys.path)))
+        if not rt.wait(lambda: all(self.procs[a].hello for a in addrs), self.cond, settings.spawn_timeout):
+            missing = [a for a in addrs if not self.procs[a].hello]
+            raise TimeoutError(
+                f"spawned processes {missing} did not start within {settings.spawn_timeout:g} s; "
+                "check that `python -m mpimesh --worker` runs on this host, or raise MPIMESH_SPAWN_TIMEOUT"
+            )
+        return [self.procs[a] for a in addrs]
+
+    def release(self, addrs: list[Addr], reason: str) -> None:
+        """Stop every actor on ``addrs`` and give the processes back (blocking, bounded)."""
+        rt = self.rt
+        fut: Future[None] = Future("stop")
+        shape = Shape.row_major(("procs",), (len(addrs),))
+        port = (rt.addr, rt.ports.open(Gather(fut, "stop", shape, addrs, values=False)))
+        for i, addr in enumerate(addrs):
+            rt.send(addr, (Kind.STOP, None, None, port, i, reason))
+        try:
+            fut.get(settings.shutdown_timeout)
+        except TimeoutError:
+            pass  # the processes are gone or stuck: close them below regardless
+        with self.lock:
+            islands = {a[0] for a in addrs if a[0] != 0}
+            for addr in addrs:
+                self.procs[addr].allocated = False
+                if addr[0] == 0 and addr not in self.free:
+                    self.free.append(addr)
+        for island in islands:
+            members = self.islands.get(island, [])
+            if not any(self.procs[a].allocated for a in members):
+                self._close_island(island, 0)
+
+    def _close_island(self, island: int, code: int) -> bool:
+        rt = self.rt
+        with self.lock:
+            members = self.islands.pop(island, [])
+        waiting = [a for a in members if not self.procs[a].bye]
+        for addr in waiting:
+            rt.send(addr, (Kind.SHUTDOWN, None, code))
+        clean = rt.wait(lambda: all(self.procs[a].bye for a in members), self.cond, settings.shutdown_timeout)
+        comm = rt.router.remove_island(island)
+        if comm is not None and clean:
+            with rt.router.lock:
+                comm.Disconnect()
+        elif not clean:
+            self._kill([a for a in members if not self.procs[a].bye])
+        return clean
+
+    def _kill(self, addrs: list[Addr]) -> None:
+        for addr in addrs:
+            proc = self.procs[addr]
+            if proc.pid and proc.host == self.rt.host:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    # -- frames ----------------------------------------------------------------
+
+    def _on_hello(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        proc = self.procs[src]
+        proc.host, proc.pid, proc.hello = frame[2], frame[3], True
+        with self.cond:
+            self.cond.notify_all()
+
+    def _on_bye(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        self.procs[src].bye = True
+        with self.cond:
+            self.cond.notify_all()
+
+    def _on_forward(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        _, _, dest, data = frame
+        self.rt.router.send_raw(dest, data, buffers)
+
+    def _on_procs(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        _, _, op, arg, port = frame
+        self._service.submit(self._serve_procs, op, arg, port)
+
+    def _serve_procs(self, op: str, arg: Any, port: tuple[Addr, int]) -> None:
+        try:
+            if op == "alloc":
+                infos = self.allocate(arg)
+                value: Any = [(p.addr, p.host) for p in infos]
+            else:
+                self.release(arg[0], arg[1])
+                value = None
+        except Exception as exc:
+            payload = _serialize.error_payload(exc, f"### controller on {self.rt.host}", 0, {}, self.rt.host)
+            self.rt.reply(port, 0, Status.ERROR, payload)
+        else:
+            self.rt.reply(port, 0, Status.OK, value)
+
+    def release_async(self, addrs: list[Addr], reason: str) -> Future[None]:
+        """:meth:`release` on the service thread."""
+        fut: Future[None] = Future("ProcMesh.stop()")
+
+        def run() -> None:
+            try:
+                self.release(addrs, reason)
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(None)
+
+        self._service.submit(run)
+        return fut
+
+    def _on_fault(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        _, _, key, rank, report = frame
+        print(f"mpimesh: an actor failed with no caller to tell:\n{report}", file=sys.stderr, flush=True)
+
+    def on_ping(self, src: Addr, frame: tuple) -> None:
+        pass
+
+    # -- the end -----------------------------------------------------------------
+
+    def shutdown(self, code: int) -> bool:
+        """Stop every process of the job; returns False if some did not answer.
+
+        Blocks at most about ``MPIMESH_SHUTDOWN_TIMEOUT`` plus
+        ``MPIMESH_CLEANUP_TIMEOUT`` seconds.
+        """
+        if self._closed:
+            return True
+        self._closed = True
+        rt = self.rt
+        cells = rt.actors.stop_all("controller exit", lambda: None)
+        rt.actors.wait_stopped(cells, settings.cleanup_timeout)
+        clean = True
+        for island in list(self.islands):
+            clean &= self._close_island(island, code)
+        pool = [a for a, p in self.procs.items() if a[0] == 0 and not p.bye]
+        for addr in pool:
+            rt.send(addr, (Kind.SHUTDOWN, None, code))
+        if not rt.wait(lambda: all(self.procs[a].bye for a in pool), self.cond, settings.shutdown_timeout):
+            stuck = [a[1] for a in pool if not self.procs[a].bye]
+            print(f"mpimesh: ranks {stuck} did not stop within {settings.shutdown_timeout:g} s; aborting the job",
+                  file=sys.stderr, flush=True)
+            clean = False
+        deadline = time.monotonic() + 1.0
+        while rt.router.pending_sends() and time.monotonic() < deadline:
+            rt.progress.poll_once()
+            time.sleep(1e-4)
+        rt.request_stop(code)
+        self._thread.join(1.0)
+        self._service.shutdown(wait=False, cancel_futures=True)
+        return clean
+
+    def shutdown_at_exit(self) -> None:
+        """atexit hook of an embedded controller (``python script.py``)."""
+        code = 1 if self.failed_exit else 0
+        if not self.shutdown(code):
+            MPI.COMM_WORLD.Abort(code or 1)

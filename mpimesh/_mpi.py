@@ -1,0 +1,84 @@
+"""The one module that imports ``mpi4py.MPI``.
+
+It fixes mpi4py's start-up settings before MPI is initialized (thread level,
+no automatic abort), and offers the few process-wide facts the runtime needs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import mpi4py
+
+
+def _environment_defaults() -> None:
+    """Settings that must be in the environment before ``MPI_Init``.
+
+    Each is a default (``setdefault``): a value the user set wins, and
+    ``MPIMESH_MPI_DEFAULTS=0`` turns them all off.
+    """
+    if os.environ.get("MPIMESH_MPI_DEFAULTS", "1") in ("0", "false", "no"):
+        return
+    bindir = os.path.join(sys.prefix, "bin")
+    wheel = os.path.exists(os.path.join(bindir, "prte")) and os.path.exists(
+        os.path.join(sys.prefix, "lib", "libmpi.so.40")
+    )
+    if wheel:
+        # The PyPI Open MPI wheel: a singleton's MPI_Comm_spawn starts
+        # `prte` from PATH, and its libfabric component adds ~1 s to every
+        # MPI_Init and spawn (../shared/reference/mpi-facts.md).
+        path = os.environ.get("PATH", "")
+        if bindir not in path.split(os.pathsep):
+            os.environ["PATH"] = bindir + (os.pathsep + path if path else "")
+        os.environ.setdefault("OMPI_MCA_btl", "self,sm,tcp")
+        os.environ.setdefault("OMPI_MCA_mtl", "^ofi")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Containers and CI run as root; Open MPI refuses unless told.
+        for name in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+                     "PRTE_ALLOW_RUN_AS_ROOT", "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM"):
+            os.environ.setdefault(name, "1")
+
+
+_environment_defaults()
+
+# Our progress engine serializes every MPI call behind one lock, so
+# MPI_THREAD_SERIALIZED would do; ask for MULTIPLE (mpi4py's default) so that
+# user code may also call MPI from its own threads.
+mpi4py.rc.thread_level = "multiple"
+# Errors come back as MPI.Exception instead of aborting the job.
+mpi4py.rc.errors = "exception"
+
+from mpi4py import MPI  # noqa: E402
+
+__all__ = ["MPI", "hostname", "library", "world", "parent"]
+
+
+def hostname() -> str:
+    """This process's host name, as MPI reports it."""
+    try:
+        return MPI.Get_processor_name()
+    except Exception:  # pragma: no cover - MPI without a processor name
+        return socket.gethostname()
+
+
+def library() -> str:
+    """The first line of the loaded MPI library's version string."""
+    return MPI.Get_library_version().splitlines()[0].strip()
+
+
+def world() -> MPI.Intracomm:
+    """``MPI.COMM_WORLD``."""
+    return MPI.COMM_WORLD
+
+
+def parent() -> MPI.Intercomm | None:
+    """The intercommunicator to the process that spawned us, if any."""
+    comm = MPI.Comm.Get_parent()
+    return None if comm == MPI.COMM_NULL else comm
+
+
+def pid() -> int:
+    """This process's id."""
+    return os.getpid()

@@ -1,0 +1,250 @@
+"""Reply ports: where answers land in the process that asked.
+
+A port is ``(address, port id)``; the id indexes this process's
+:class:`PortTable`.  Each open port has a receiver that turns arriving REPLY
+frames into future results: one reply (``call_one``, ``choose``), one per
+point gathered into a ValueMesh (``call``), one future per reply in arrival
+order (``stream``), or a queue (``Channel``).  Receivers also record which
+processes still owe them an answer, so that a failed process can fail exactly
+the waits that depend on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from typing import Any, Callable, Iterable
+
+from . import _serialize
+from ._protocol import Status
+from .errors import ActorError, RemoteException, SupervisionError
+from .future import Future
+from .shape import Shape
+
+__all__ = ["PortTable", "Receiver", "OneReply", "Gather", "Stream", "Queue", "decode"]
+
+Addr = tuple[int, int]
+
+
+def decode(status: int, body: Any, buffers: list[Any], what: str) -> Any:
+    """Turn a REPLY body into a value, or raise what it carries."""
+    if status == Status.OK:
+        try:
+            return _serialize.loads(body, buffers)
+        except Exception as exc:
+            raise ActorError(
+                RemoteException(type(exc).__name__, f"cannot unpickle the result of {what}: {exc}"),
+                header=f"### result of {what}",
+            ) from None
+    if status == Status.ERROR:
+        raise _serialize.raise_payload(_serialize.loads(body))
+    raise SupervisionError(str(body), endpoint=what)
+
+
+class Receiver:
+    """Something waiting for replies on a port."""
+
+    what = ""
+    #: processes that still owe a reply (for failure propagation)
+    pending: set[Addr]
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        """Take one reply; return True when the port can close."""
+        raise NotImplementedError
+
+    def fail(self, addr: Addr, error: BaseException) -> bool:
+        """``addr`` will never answer; return True when the port can close."""
+        raise NotImplementedError
+
+
+def _settle(fut: Future[Any], fn: Callable[[], Any]) -> None:
+    if fut.done():
+        return
+    try:
+        value = fn()
+    except BaseException as exc:  # every failure goes to the waiter
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+class OneReply(Receiver):
+    """Exactly one reply settles one future."""
+
+    def __init__(self, future: Future[Any], what: str, source: Addr) -> None:
+        self.future = future
+        self.what = what
+        self.pending = {source}
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        _settle(self.future, lambda: decode(status, body, buffers, self.what))
+        return True
+
+    def fail(self, addr: Addr, error: BaseException) -> bool:
+        if not self.future.done():
+            self.future.set_exception(error)
+        return True
+
+
+class Gather(Receiver):
+    """One reply per point, gathered into a ValueMesh (or ``None`` for acks).
+
+    When every point has answered, the future gets the ValueMesh, or the
+    exception of the lowest failing rank (Monarch's rule).
+    """
+
+    def __init__(
+        self, future: Future[Any], what: str, shape: Shape, sources: Iterable[Addr], *, values: bool = True
+    ) -> None:
+        self.future = future
+        self.what = what
+        self.shape = shape
+        self.n = len(shape)
+        self.results: list[Any] = [None] * self.n
+        self.errors: dict[int, BaseException] = {}
+        self.count = 0
+        self.values = values
+        self.pending = set(sources)
+        self._sources = list(sources)
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        try:
+            self.results[index] = decode(status, body, buffers, self.what)
+        except BaseException as exc:
+            self.errors[index] = exc
+        self.count += 1
+        if self.count >= self.n:
+            self._finish()
+            return True
+        return False
+
+    def fail(self, addr: Addr, error: BaseException) -> bool:
+        for index, source in enumerate(self._sources):
+            if source == addr and index not in self.errors:
+                self.errors[index] = error
+                self.count += 1
+        if self.count >= self.n:
+            self._finish()
+            return True
+        return False
+
+    def _finish(self) -> None:
+        if self.future.done():
+            return
+        if self.errors:
+            self.future.set_exception(self.errors[min(self.errors)])
+            return
+        if not self.values:
+            self.future.set_result(None)
+            return
+        from .value_mesh import ValueMesh
+
+        self.future.set_result(ValueMesh(self.shape, self.results))
+
+
+class Stream(Receiver):
+    """One future per reply, in arrival order."""
+
+    def __init__(self, futures: list[Future[Any]], what: str, sources: Iterable[Addr]) -> None:
+        self.futures = futures
+        self.what = what
+        self.next = 0
+        self.pending = set(sources)
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        fut = self.futures[self.next]
+        self.next += 1
+        _settle(fut, lambda: decode(status, body, buffers, self.what))
+        return self.next >= len(self.futures)
+
+    def fail(self, addr: Addr, error: BaseException) -> bool:
+        fut = self.futures[self.next]
+        self.next += 1
+        fut.set_exception(error)
+        return self.next >= len(self.futures)
+
+
+class Queue(Receiver):
+    """Values sent to a Channel port, received in order with ``recv()``."""
+
+    def __init__(self, what: str, *, once: bool = False, ranked: bool = False) -> None:
+        self.what = what
+        self.once = once
+        self.ranked = ranked
+        self.pending = set()
+        self._lock = threading.Lock()
+        self._items: deque[tuple[int, int, Any, list[Any]]] = deque()
+        self._waiters: deque[Future[Any]] = deque()
+        self.closed = False
+
+    def _settle(self, fut: Future[Any], index: int, status: int, body: Any, buffers: list[Any]) -> None:
+        if self.ranked:
+            _settle(fut, lambda: (index, decode(status, body, buffers, self.what)))
+        else:
+            _settle(fut, lambda: decode(status, body, buffers, self.what))
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        with self._lock:
+            waiter = self._waiters.popleft() if self._waiters else None
+            if waiter is None:
+                self._items.append((index, status, body, buffers))
+        if waiter is not None:
+            self._settle(waiter, index, status, body, buffers)
+        return self.once
+
+    def fail(self, addr: Addr, error: BaseException) -> bool:
+        return False
+
+    def recv(self) -> Future[Any]:
+        fut: Future[Any] = Future(f"{self.what}.recv()")
+        with self._lock:
+            item = self._items.popleft() if self._items else None
+            if item is None:
+                self._waiters.append(fut)
+        if item is not None:
+            self._settle(fut, *item)
+        return fut
+
+
+class PortTable:
+    """This process's open ports."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._open: dict[int, Receiver] = {}
+
+    def open(self, receiver: Receiver) -> int:
+        """Register ``receiver``; returns its port id."""
+        pid = next(self._ids)
+        with self._lock:
+            self._open[pid] = receiver
+        return pid
+
+    def close(self, pid: int) -> None:
+        """Forget a port (late replies to it are dropped)."""
+        with self._lock:
+            self._open.pop(pid, None)
+
+    def deliver(self, pid: int, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> None:
+        """Hand a REPLY to its receiver."""
+        receiver = self._open.get(pid)
+        if receiver is None:
+            return  # port closed: a late reply after a failure or a drop
+        receiver.pending.discard(src)
+        if receiver.deliver(index, status, body, buffers, src):
+            self.close(pid)
+
+    def fail_source(self, addr: Addr, error: Callable[[Receiver], BaseException]) -> int:
+        """Fail every wait that still expects a reply from ``addr``; returns how many."""
+        with self._lock:
+            victims = [(pid, r) for pid, r in self._open.items() if addr in r.pending]
+        for pid, receiver in victims:
+            receiver.pending.discard(addr)
+            if receiver.fail(addr, error(receiver)):
+                self.close(pid)
+        return len(victims)
+
+    def __len__(self) -> int:
+        return len(self._open)

@@ -1,0 +1,66 @@
+"""The wire protocol: message kinds, their handlers and the MPI tags.
+
+Every frame is a pickled tuple ``(kind, bufsizes, *fields)``.  ``bufsizes`` is
+``None`` or a tuple of byte counts: that many raw buffers follow the frame on
+``TAG_DATA`` from the same sender, posted atomically with it, so the receiver
+takes them right after the frame (MPI does not reorder messages between one
+sender and one receiver on one tag).
+
+All kinds are listed once, here, with the name of the runtime method that
+handles them (``Runtime._on_<name>``), in the manner of execnet's ``Message``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Kind", "TAG_FRAME", "TAG_DATA", "HANDLERS", "Status"]
+
+#: Tag of pickled control frames.
+TAG_FRAME = 0x6D6D
+#: Tag of raw out-of-band buffers that follow a frame.
+TAG_DATA = 0x6D6E
+
+
+class Kind(enum.IntEnum):
+    """Message kinds, one per handler."""
+
+    #: controller -> spawned worker: (island, controller host, controller pid, sys.path)
+    INIT = 1
+    #: worker -> controller: (host, pid)
+    HELLO = 2
+    #: any -> worker: create an actor: (actor_key, name, point, proc_mesh, body, reply_port, owner)
+    SPAWN = 3
+    #: any -> actor: (actor_key, method, body, reply_port | None, message_point, adverb)
+    CALL = 4
+    #: any -> port owner: (port_id, index, status, body)
+    REPLY = 5
+    #: any -> actor: drain, run __cleanup__, answer: (actor_key, reply_port, index)
+    STOP = 6
+    #: controller -> worker: stop every actor, say BYE, exit: (exit_code,)
+    SHUTDOWN = 7
+    #: worker -> controller: the worker has stopped its actors and is leaving: ()
+    BYE = 8
+    #: any -> controller: relay the inner frame to dest: (dest, frame_bytes)
+    FORWARD = 9
+    #: worker -> controller: allocate processes for an actor: (per_host, reply_port, owner)
+    PROCS = 10
+    #: controller <-> worker liveness: (sequence, sent_time)
+    PING = 11
+    #: worker -> controller: an actor failed with no caller to tell: (actor_key, report)
+    FAULT = 12
+
+
+#: kind -> handler method name on the runtime.
+HANDLERS: dict[Kind, str] = {kind: "_on_" + kind.name.lower() for kind in Kind}
+
+
+class Status(enum.IntEnum):
+    """How a REPLY body is to be read."""
+
+    #: body is the pickled value
+    OK = 0
+    #: body is a pickled error payload (see ``_serialize.ErrorPayload``)
+    ERROR = 1
+    #: the sender will never answer (failed process or actor); body is a report
+    FAILED = 2

@@ -1,0 +1,196 @@
+"""Frames over MPI: links, routing, sending and receiving.
+
+A process is addressed as ``(island, rank)``.  Island 0 is the launch world
+(the controller is ``(0, 0)``); island ``k > 0`` is the world of the ``k``-th
+set of processes created with ``MPI_Comm_spawn``.  A process talks directly to
+the processes of its own island and to the controller; anything else is
+relayed by the controller (a ``FORWARD`` frame), which keeps one path per pair
+of processes and so keeps MPI's per-pair ordering.
+
+Every MPI call of the runtime goes through :class:`Router` under its lock.
+Sends are non-blocking (``Isend``): two ranks flooding each other with blocking
+sends while neither receives would deadlock.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections import deque
+from typing import Any, Callable, Sequence
+
+from ._mpi import MPI
+from ._protocol import TAG_DATA, TAG_FRAME, Kind
+
+__all__ = ["Addr", "Router", "CONTROLLER"]
+
+Addr = tuple[int, int]
+#: The controller's address.
+CONTROLLER: Addr = (0, 0)
+
+Handler = Callable[[Addr, tuple, list], None]
+
+# Frames handled per poll before returning to the waiter loop, so that a flood
+# of incoming messages cannot starve the waiter's own check.
+_BATCH = 64
+
+
+class _Link:
+    """One communicator this process polls and sends on."""
+
+    __slots__ = ("comm", "island", "fixed")
+
+    def __init__(self, comm: MPI.Comm, island: int, fixed: Addr | None) -> None:
+        self.comm = comm
+        self.island = island
+        # A link whose remote group is the controller alone (a spawned
+        # worker's parent intercommunicator) maps every source to it.
+        self.fixed = fixed
+
+    def source(self, rank: int) -> Addr:
+        return self.fixed if self.fixed is not None else (self.island, rank)
+
+
+class Router:
+    """Sends frames to addresses and hands received frames to a handler.
+
+    Args:
+        addr: this process's address.
+        handler: called as ``handler(src, frame, buffers)`` for every frame,
+            in arrival order, by the thread that polls.
+    """
+
+    def __init__(self, addr: Addr, handler: Handler) -> None:
+        self.addr = addr
+        self.lock = threading.Lock()
+        self._handler = handler
+        self._links: list[_Link] = []
+        # island -> (link, whether the remote ranks are addressed directly)
+        self._routes: dict[int, _Link] = {}
+        # how to reach the controller directly (spawned workers: the parent link)
+        self._parent: _Link | None = None
+        # the link to relay through for islands without a direct route
+        self._relay: tuple[_Link, int] | None = None
+        self._sends: deque[tuple[MPI.Request, Any]] = deque()
+        self._local: deque[tuple[Addr, bytes, list[Any]]] = deque()
+        self._status = MPI.Status()
+        self.frames_in = 0
+        self.frames_out = 0
+
+    # -- wiring ------------------------------------------------------------
+
+    def add_island(self, comm: MPI.Comm, island: int) -> None:
+        """Reach the ranks of ``island`` through ``comm`` (their rank = comm rank)."""
+        link = _Link(comm, island, None)
+        with self.lock:
+            self._links.append(link)
+            self._routes[island] = link
+
+    def add_parent(self, comm: MPI.Intercomm) -> None:
+        """Reach the controller through a spawned worker's parent intercommunicator."""
+        link = _Link(comm, 0, CONTROLLER)
+        self._links.append(link)
+        self._parent = link
+        self._relay = (link, 0)
+
+    def set_relay(self, island: int) -> None:
+        """Relay frames for other islands through the controller, reached over ``island``'s link."""
+        self._relay = (self._routes[island], 0)
+
+    def remove_island(self, island: int) -> MPI.Comm | None:
+        """Stop polling and routing to ``island``; returns its communicator."""
+        with self.lock:
+            link = self._routes.pop(island, None)
+            if link is None:
+                return None
+            self._links.remove(link)
+        return link.comm
+
+    def islands(self) -> list[int]:
+        """Islands with a direct route."""
+        return list(self._routes)
+
+    # -- sending -----------------------------------------------------------
+
+    def send(self, dest: Addr, frame: tuple, buffers: Sequence[Any] = ()) -> None:
+        """Send ``frame`` (and raw ``buffers``) to ``dest``; returns at once."""
+        self.send_raw(dest, pickle.dumps(frame, protocol=5), buffers)
+
+    def send_raw(self, dest: Addr, data: bytes, buffers: Sequence[Any] = ()) -> None:
+        """Send an already pickled frame."""
+        if dest == self.addr:
+            self._local.append((dest, data, list(buffers)))
+            return
+        link = self._routes.get(dest[0])
+        if link is not None:
+            self._post(link, dest[1], data, buffers)
+        elif dest == CONTROLLER and self._parent is not None:
+            self._post(self._parent, 0, data, buffers)
+        elif self._relay is not None:
+            sizes = tuple(memoryview(b).nbytes for b in buffers) or None
+            relay = pickle.dumps((Kind.FORWARD, sizes, dest, data), protocol=5)
+            self._post(self._relay[0], self._relay[1], relay, buffers)
+        else:
+            raise ConnectionError(f"no route from process {self.addr} to process {dest}: its island is gone")
+
+    def _post(self, link: _Link, rank: int, data: bytes, buffers: Sequence[Any]) -> None:
+        comm = link.comm
+        with self.lock:
+            req = comm.Isend([data, MPI.BYTE], rank, TAG_FRAME)
+            self._sends.append((req, data))
+            for buf in buffers:
+                view = memoryview(buf).cast("B")
+                self._sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf))
+            self.frames_out += 1
+            self._reap()
+
+    def _reap(self) -> None:
+        sends = self._sends
+        while sends and sends[0][0].Test():
+            sends.popleft()
+
+    def pending_sends(self) -> int:
+        """Sends not yet complete."""
+        with self.lock:
+            self._reap()
+            return len(self._sends)
+
+    # -- receiving ---------------------------------------------------------
+
+    def poll(self) -> int:
+        """Receive what has arrived and dispatch it; returns the number of frames."""
+        got: list[tuple[Addr, tuple, list[Any]]] = []
+        local = self._local
+        while local and len(got) < _BATCH:
+            src, data, buffers = local.popleft()
+            got.append((src, pickle.loads(data), buffers))
+        status = self._status
+        with self.lock:
+            if self._sends:
+                self._reap()
+            for link in self._links:
+                comm = link.comm
+                while len(got) < _BATCH:
+                    msg = comm.Improbe(MPI.ANY_SOURCE, TAG_FRAME, status)
+                    if msg is None:
+                        break
+                    src = status.Get_source()
+                    data = bytearray(status.Get_count(MPI.BYTE))
+                    msg.Recv([data, MPI.BYTE])
+                    frame = pickle.loads(data)
+                    buffers: list[Any] = []
+                    if frame[1]:
+                        # The raw buffers were posted right after the frame.
+                        for size in frame[1]:
+                            buf = bytearray(size)
+                            comm.Recv([buf, MPI.BYTE], src, TAG_DATA)
+                            buffers.append(buf)
+                    got.append((link.source(src), frame, buffers))
+        if not got:
+            return 0
+        handler = self._handler
+        for src, frame, buffers in got:
+            handler(src, frame, buffers)
+        self.frames_in += len(got)
+        return len(got)
+

@@ -1,0 +1,247 @@
+"""The per-process runtime: one router, one progress engine, ports, actors.
+
+Every process of a job (controller, launch-pool worker, spawned worker) runs
+one :class:`Runtime`.  It owns the dispatch table from message kinds to
+handlers (``_protocol.HANDLERS``), answers calls, and holds what the rest of
+the package needs to send: this process's address and a fresh-id counter.
+The controller adds a :class:`~mpimesh._controller.Controller` for process
+management; workers run ``_worker.serve``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import sys
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import _serialize, future
+from ._actor_host import ActorHost
+from ._mpi import MPI, hostname
+from ._ports import PortTable
+from ._progress import Progress
+from ._protocol import HANDLERS, Kind, Status
+from ._router import CONTROLLER, Addr, Router
+from .config import settings
+from .errors import MeshInternalError
+
+if TYPE_CHECKING:
+    from ._controller import Controller
+
+__all__ = ["Runtime", "current", "boot_controller", "debug"]
+
+_runtime: Runtime | None = None
+_boot_lock = threading.Lock()
+
+
+def debug(msg: str) -> None:
+    """Trace line on stderr when ``MPIMESH_DEBUG=1``, tagged with the address."""
+    if settings.debug:
+        addr = _runtime.addr if _runtime is not None else "?"
+        print(f"[mpimesh {addr}] {msg}", file=sys.stderr, flush=True)
+
+
+class Runtime:
+    """State and message handlers of one process.
+
+    Args:
+        addr: this process's ``(island, rank)``.
+        role: ``"controller"`` or ``"worker"``.
+    """
+
+    def __init__(self, addr: Addr, role: str) -> None:
+        self.addr = addr
+        self.role = role
+        self.host = hostname()
+        self.pid = os.getpid()
+        self.router = Router(addr, self._dispatch)
+        self.progress = Progress(self.router.poll)
+        self.ports = PortTable()
+        self.actors = ActorHost(self)
+        self.controller: Controller | None = None
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.exit_code = 0
+        self.controller_host = self.host
+        self.controller_pid = self.pid
+        self._ids = itertools.count(1)
+        self._handlers: dict[int, Callable[[Addr, tuple, list[Any]], None]] = {
+            int(kind): getattr(self, name) for kind, name in HANDLERS.items()
+        }
+
+    # -- services for the rest of the package --------------------------------
+
+    def new_id(self) -> tuple[int, int, int]:
+        """A job-wide unique id: this address plus a counter."""
+        return (self.addr[0], self.addr[1], next(self._ids))
+
+    def wait(self, done: Callable[[], bool], cond: threading.Condition, timeout: float | None) -> bool:
+        """Wait for ``done()``, driving progress (see ``_progress``)."""
+        return self.progress.wait(done, cond, timeout)
+
+    def send(self, dest: Addr, frame: tuple, buffers: list[Any] | tuple = ()) -> None:
+        """Send one frame."""
+        self.router.send(dest, frame, buffers)
+
+    def reply(self, port: tuple[Addr, int], index: int, status: int, value: Any) -> None:
+        """Answer on ``port``: the value (OK), an error payload or a failure report.
+
+        Raises:
+            Exception: ``value`` cannot be pickled (the caller sends an error instead).
+        """
+        if status == Status.OK:
+            body, buffers = _serialize.dumps(value)
+        elif status == Status.ERROR:
+            body, buffers = _serialize.dumps(value)
+        else:
+            body, buffers = str(value), []
+        sizes = tuple(b.nbytes for b in buffers) or None
+        self.router.send(port[0], (Kind.REPLY, sizes, port[1], index, int(status), body), buffers)
+
+    def fault(self, key: tuple, rank: int, report: str) -> None:
+        """Tell the controller that an actor failed with nobody to answer."""
+        self.router.send(CONTROLLER, (Kind.FAULT, None, key, rank, report))
+
+    def request_stop(self, code: int) -> None:
+        """Make the background loop return (workers: leave the serve loop)."""
+        with self.cond:
+            self.exit_code = code
+            self.stopping = True
+            self.cond.notify_all()
+
+    # -- dispatch ----------------------------------------------------------
+
+    def _dispatch(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        try:
+            self._handlers[frame[0]](src, frame, buffers)
+        except Exception:
+            # A handler bug must not kill the polling thread (and with it
+            # the process): report it and keep serving.
+            text = traceback.format_exc()
+            print(f"[mpimesh {self.addr}] error handling {Kind(frame[0]).name} from {src}:\n{text}",
+                  file=sys.stderr, flush=True)
+
+    def _on_call(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        self.actors.on_call(src, frame, buffers)
+
+    def _on_spawn(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        self.actors.on_spawn(src, frame, buffers)
+
+    def _on_reply(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        _, _, pid, index, status, body = frame
+        self.ports.deliver(pid, index, status, body, buffers, src)
+
+    def _on_stop(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        self.actors.on_stop(src, frame, buffers)
+
+    def _on_shutdown(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        self.request_stop(frame[2])
+
+    def _on_init(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        _, _, _island, host, pid, path = frame
+        self.controller_host, self.controller_pid = host, pid
+        for entry in reversed(path):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        with self.cond:
+            self.initialized = True
+            self.cond.notify_all()
+
+    def _on_ping(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        if self.controller is not None:
+            self.controller.on_ping(src, frame)
+        else:
+            self.router.send(CONTROLLER, frame)
+
+    def _controller_only(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        if self.controller is None:
+            raise MeshInternalError(f"{Kind(frame[0]).name} frame from {src} reached worker {self.addr}")
+        getattr(self.controller, HANDLERS[Kind(frame[0])])(src, frame, buffers)
+
+    _on_hello = _on_bye = _on_forward = _on_procs = _on_fault = _controller_only
+
+
+def current() -> Runtime:
+    """This process's runtime, booting an embedded controller on first use.
+
+    Raises:
+        RuntimeError: a rank other than 0 of a multi-rank world runs the
+            controller script (it was not started with ``-m mpimesh``).
+    """
+    rt = _runtime
+    if rt is not None:
+        return rt
+    with _boot_lock:
+        if _runtime is None:
+            world = MPI.COMM_WORLD
+            if world.Get_size() > 1:
+                raise RuntimeError(
+                    f"rank {world.Get_rank()} of {world.Get_size()} runs the controller script: every rank of "
+                    f"this job started it; launch it with `mpirun -n {world.Get_size()} python -m mpimesh "
+                    f"{os.path.basename(sys.argv[0]) or 'script.py'}` so that rank 0 runs it and the others serve"
+                )
+            boot_controller(MPI.COMM_WORLD, embedded=True)
+    assert _runtime is not None
+    return _runtime
+
+
+def _install(rt: Runtime) -> None:
+    global _runtime
+    _runtime = rt
+    future._driver = rt.wait
+
+
+def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Runtime:
+    """Start the controller runtime on rank 0 of ``world``.
+
+    Collective over ``world``: the pool workers call ``_worker.boot_pool``.
+    """
+    from ._controller import Controller
+
+    rt = Runtime(CONTROLLER, "controller")
+    comm = world.Dup()
+    rt.router.add_island(comm, 0)
+    infos = comm.allgather((rt.host, rt.pid))
+    comm.bcast(list(sys.path), root=0)
+    rt.controller = Controller(rt, [((0, r), host, pid) for r, (host, pid) in enumerate(infos) if r > 0])
+    _install(rt)
+    rt.controller.start()
+    if embedded:
+        atexit.register(rt.controller.shutdown_at_exit)
+    return rt
+
+
+def boot_pool(world: MPI.Intracomm) -> Runtime:
+    """Start a launch-pool worker runtime; collective with :func:`boot_controller`."""
+    rt = Runtime((0, world.Get_rank()), "worker")
+    comm = world.Dup()
+    rt.router.add_island(comm, 0)
+    rt.router.set_relay(0)
+    infos = comm.allgather((rt.host, rt.pid))
+    rt.controller_host, rt.controller_pid = infos[0]
+    path = comm.bcast(None, root=0)
+    for entry in reversed(path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    _install(rt)
+    return rt
+
+
+def boot_spawned(island: int) -> Runtime:
+    """Start a spawned worker runtime and wait for the controller's INIT."""
+    parent = MPI.Comm.Get_parent()
+    if parent == MPI.COMM_NULL:
+        raise RuntimeError("mpimesh --worker must be started by MPI_Comm_spawn from an mpimesh controller")
+    world = MPI.COMM_WORLD
+    rt = Runtime((island, world.Get_rank()), "worker")
+    rt.initialized = False  # type: ignore[attr-defined]
+    rt.router.add_island(world.Dup(), island)
+    rt.router.add_parent(parent)
+    _install(rt)
+    if not rt.wait(lambda: rt.initialized, rt.cond, settings.spawn_timeout):  # type: ignore[attr-defined]
+        raise TimeoutError(f"spawned worker {rt.addr} got no INIT from the controller in {settings.spawn_timeout:g} s")
+    rt.router.send(CONTROLLER, (Kind.HELLO, None, rt.host, rt.pid))
+    return rt

@@ -1,0 +1,146 @@
+"""Turning arguments, results and exceptions into bytes and back.
+
+User payloads go through cloudpickle, so functions and classes defined in
+``__main__`` travel by value.  Large buffers (numpy arrays, and with the data
+plane torch tensors) are taken out of band with pickle protocol 5: they travel
+as raw MPI messages instead of being copied into the pickle.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import traceback
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import cloudpickle
+
+from .config import settings
+from .errors import ActorError, RemoteException, RemoteTraceback
+
+__all__ = ["dumps", "loads", "ErrorPayload", "error_payload", "raise_payload", "describe"]
+
+_PROTOCOL = 5
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler; the place where the data plane adds reducers."""
+
+
+_PLAIN_ATOMS = frozenset((int, float, str, bool, type(None), complex))
+
+
+def _plain(obj: Any, depth: int = 0) -> bool:
+    # Data made only of builtin scalars and containers pickles identically
+    # with the C pickler, which is 7x faster than cloudpickle's for small
+    # calls.  Anything else (functions, classes, user objects that may live
+    # in __main__) takes cloudpickle.
+    kind = type(obj)
+    if kind in _PLAIN_ATOMS:
+        return True
+    if kind is bytes:
+        return len(obj) < settings.oob_threshold
+    if depth > 3:
+        return False
+    if kind is tuple or kind is list:
+        if len(obj) > 32:
+            return False
+        for item in obj:
+            if type(item) not in _PLAIN_ATOMS and not _plain(item, depth + 1):
+                return False
+        return True
+    if kind is dict:
+        if len(obj) > 32:
+            return False
+        for key, value in obj.items():
+            if type(key) is not str or (type(value) not in _PLAIN_ATOMS and not _plain(value, depth + 1)):
+                return False
+        return True
+    return False
+
+
+def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """Pickle ``obj``; buffers of at least ``MPIMESH_OOB_THRESHOLD`` bytes go out of band.
+
+    Returns:
+        The pickle and the out-of-band buffers (flat byte views), in the order
+        ``loads`` needs them.
+    """
+    if _plain(obj):
+        return pickle.dumps(obj, _PROTOCOL), []
+    buffers: list[pickle.PickleBuffer] = []
+    threshold = settings.oob_threshold
+
+    def take(buf: pickle.PickleBuffer) -> bool:
+        # Returning a true value keeps the buffer in band.
+        if buf.raw().nbytes >= threshold:
+            buffers.append(buf)
+            return False
+        return True
+
+    out = io.BytesIO()
+    _Pickler(out, protocol=_PROTOCOL, buffer_callback=take).dump(obj)
+    return out.getvalue(), [b.raw() for b in buffers]
+
+
+def loads(data: bytes | bytearray | memoryview, buffers: Sequence[Any] = ()) -> Any:
+    """Inverse of :func:`dumps`."""
+    return pickle.loads(data, buffers=buffers)
+
+
+def describe(obj: Any) -> str:
+    """A short description of an object for error messages."""
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---------------------------------------------------------------------------
+# exceptions that cross processes
+
+
+@dataclass
+class ErrorPayload:
+    """An exception on its way from an actor to the caller.
+
+    ``exception`` holds the pickled exception or ``None`` when it could not be
+    pickled; ``type_name`` and ``message`` are the text fallback (execnet's
+    ``RemoteError`` does the same).
+    """
+
+    exception: bytes | None
+    type_name: str
+    message: str
+    traceback: str
+    header: str
+    rank: int
+    coords: dict[str, int]
+    host: str
+
+
+def error_payload(exc: BaseException, header: str, rank: int, coords: dict[str, int], host: str) -> ErrorPayload:
+    """Capture ``exc`` (with its traceback) for the caller."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        data: bytes | None = cloudpickle.dumps(exc, protocol=_PROTOCOL)
+        pickle.loads(data)  # it must also come back, or the caller gets nothing
+    except Exception:
+        data = None
+    kind = type(exc)
+    return ErrorPayload(data, f"{kind.__module__}.{kind.__qualname__}", str(exc), tb, header, rank, coords, host)
+
+
+def raise_payload(payload: ErrorPayload) -> ActorError:
+    """Rebuild the :class:`ActorError` that the caller raises."""
+    exc: BaseException
+    if payload.exception is not None:
+        try:
+            exc = pickle.loads(payload.exception)
+        except Exception:
+            exc = RemoteException(payload.type_name, payload.message)
+    else:
+        exc = RemoteException(payload.type_name, payload.message)
+    exc.__cause__ = RemoteTraceback(f"\n{payload.header}\n{payload.traceback}")
+    return ActorError(
+        exc, payload.traceback, payload.header, rank=payload.rank, coords=payload.coords, host=payload.host
+    )

@@ -1,0 +1,90 @@
+"""The worker side: boot, serve until SHUTDOWN, leave cleanly.
+
+A worker never lets an exception reach mpi4py (which would call
+``MPI_Abort`` and take the job down): everything ends in a BYE to the
+controller and an orderly ``MPI_Finalize``.  A worker whose controller has
+died exits on its own: no rank outlives the controller.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from . import _runtime
+from ._mpi import MPI
+from ._protocol import Kind
+from ._router import CONTROLLER
+from .config import settings
+
+__all__ = ["main_pool", "main_spawned", "serve"]
+
+# How often an idle worker checks that its controller still exists.
+_WATCH_PERIOD = 0.25
+
+
+def _controller_alive(rt: _runtime.Runtime) -> bool:
+    if rt.controller_host != rt.host:
+        return True  # another node: only the liveness channel can tell
+    try:
+        os.kill(rt.controller_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
+    """Serve actors until the controller says SHUTDOWN; returns the exit status."""
+    while not rt.stopping:
+        rt.progress.wait(lambda: rt.stopping, rt.cond, _WATCH_PERIOD, background=True)
+        if not rt.stopping and not _controller_alive(rt):
+            print(f"mpimesh worker {rt.addr}: controller (pid {rt.controller_pid}) is gone; exiting",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
+    cells = rt.actors.stop_all("job shutdown", lambda: None)
+    stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
+    rt.router.send(CONTROLLER, (Kind.BYE, None, len(stuck)))
+    deadline = time.monotonic() + 2.0
+    while rt.router.pending_sends() and time.monotonic() < deadline:
+        rt.progress.poll_once()
+        time.sleep(1e-4)
+    if spawned:
+        parent = MPI.Comm.Get_parent()
+        with rt.router.lock:
+            parent.Disconnect()
+    return rt.exit_code
+
+
+def _finish(code: int) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        MPI.Finalize()
+    finally:
+        os._exit(code)
+
+
+def main_pool(world: MPI.Intracomm) -> int:
+    """Entry of ranks 1..N-1 of the launch world."""
+    try:
+        rt = _runtime.boot_pool(world)
+        code = serve(rt)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    return _finish(code)
+
+
+def main_spawned(island: int) -> int:
+    """Entry of a process created with ``MPI_Comm_spawn``."""
+    try:
+        rt = _runtime.boot_spawned(island)
+        code = serve(rt, spawned=True)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    return _finish(code)

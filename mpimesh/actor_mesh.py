@@ -1,0 +1,268 @@
+"""ActorMesh: a sliceable handle on actors, and the endpoint adverbs."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+from . import _runtime, _serialize
+from ._ports import Gather, OneReply, Receiver, Stream
+from ._protocol import Kind
+from .actor import EndpointInfo
+from .future import Future
+from .shape import MeshTrait, Shape
+from .value_mesh import ValueMesh
+
+__all__ = ["ActorMesh", "Endpoint"]
+
+R = TypeVar("R")
+T = TypeVar("T")
+Addr = tuple[int, int]
+
+
+class Endpoint(Generic[R]):
+    """One endpoint of an actor mesh, with Monarch's adverbs.
+
+    Obtained as an attribute of the mesh: ``trainers.step``.  Every adverb
+    returns at once; arguments are checked against the method's signature
+    and pickled before anything is sent, so a bad call raises here.
+    """
+
+    def __init__(self, mesh: ActorMesh[Any], info: EndpointInfo) -> None:
+        self._mesh = mesh
+        self._info = info
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self._mesh._name}.{self._info.name} of {self._mesh!r}>"
+
+    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        check = self._info.check
+        if check is None:
+            return
+        lead = (None, None) if self._info.explicit_response_port else (None,)
+        try:
+            check(*lead, *args, **kwargs)
+        except TypeError:
+            sig = self._info.signature
+            assert sig is not None
+            try:
+                sig.bind(*lead, *args, **kwargs)
+                return
+            except TypeError as exc:
+                error = exc
+            params = list(sig.parameters.values())[len(lead):]
+            shown = ", ".join(str(p) for p in params)
+            raise TypeError(
+                f"{self._mesh._name}.{self._info.name}(): {error}; the endpoint takes ({shown})"
+            ) from None
+
+    def _send(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        ranks: list[int],
+        receiver: Callable[[list[Addr]], Receiver] | None,
+    ) -> None:
+        self._check(args, kwargs)
+        self._mesh._cast(self._info.name, args, kwargs, ranks, receiver)
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Call every actor of the mesh; the future gives a ValueMesh shaped like it.
+
+        If several actors raise, the future raises the error of the lowest rank.
+        """
+        mesh = self._mesh
+        fut: Future[ValueMesh[R]] = Future(f"{mesh._name}.{self._info.name}.call()")
+        shape = Shape.row_major(mesh._shape.labels, mesh._shape.sizes)
+        what = f"{mesh._name}.{self._info.name}"
+        self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Gather(fut, what, shape, addrs))
+        return fut
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the one actor of a single-actor mesh.
+
+        Raises:
+            ValueError: the mesh does not hold exactly one actor.
+        """
+        mesh = self._mesh
+        n = len(mesh)
+        if n != 1:
+            dim = mesh._shape.labels[0] if mesh._shape.labels else "dim"
+            raise ValueError(
+                f"call_one() needs a mesh of exactly 1 actor, got {n} in {mesh!r}; "
+                f"slice it to one actor first, e.g. {mesh._name}.slice({dim}=0), or use call()"
+            )
+        return self._one(0, "call_one", args, kwargs)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call one actor of the mesh picked at random (load balancing)."""
+        return self._one(random.randrange(len(self._mesh)), "choose", args, kwargs)
+
+    def _one(self, rank: int, adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
+        what = f"{self._mesh._name}.{self._info.name}"
+        fut: Future[R] = Future(f"{what}.{adverb}()")
+        self._send(args, kwargs, [rank], lambda addrs: OneReply(fut, what, addrs[0]))
+        return fut
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+        """Call every actor; yield one future per reply, in arrival order."""
+        mesh = self._mesh
+        futures: list[Future[R]] = [
+            Future(f"{mesh._name}.{self._info.name}.stream()[{i}]") for i in range(len(mesh))
+        ]
+        what = f"{mesh._name}.{self._info.name}"
+        self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Stream(futures, what, addrs))
+        return iter(futures)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every actor and return at once; nobody waits for an answer.
+
+        An exception in the endpoint fails that actor and is reported to the
+        mesh's owner (it cannot reach the caller).
+        """
+        self._send(args, kwargs, list(range(len(self._mesh))), None)
+
+
+class ActorMesh(MeshTrait, Generic[T]):
+    """Actors of one class, one per process of a process mesh.
+
+    Returned by :meth:`ProcMesh.spawn`.  Its endpoints are attributes:
+    ``mesh.step.call(x)``.  It slices like its process mesh, and pickles as a
+    reference, so actors can call other actors.
+    """
+
+    def __init__(
+        self,
+        *,
+        key: tuple[int, int, int],
+        name: str,
+        class_name: str,
+        endpoints: dict[str, EndpointInfo],
+        methods: frozenset[str],
+        shape: Shape,
+        addrs: tuple[Addr, ...],
+        initialized: Future[None] | None = None,
+        owned: bool = False,
+    ) -> None:
+        self._key = key
+        self._name = name
+        self._class_name = class_name
+        self._endpoints = endpoints
+        self._methods = methods
+        self._shape = shape
+        self._addrs = addrs
+        self._initialized = initialized
+        self._owned = owned
+        self._stopped = False
+
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
+        return ActorMesh(
+            key=self._key,
+            name=self._name,
+            class_name=self._class_name,
+            endpoints=self._endpoints,
+            methods=self._methods,
+            shape=shape,
+            addrs=self._addrs,
+            initialized=self._initialized,
+        )
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes))
+        return f"ActorMesh({self._name!r}, {self._class_name}, {sizes})"
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        info = self._endpoints.get(attr)
+        if info is not None:
+            return Endpoint(self, info)
+        if attr in self._methods:
+            raise AttributeError(
+                f"{self._class_name}.{attr} is not an endpoint, so {self!r} cannot call it; "
+                "decorate it with @endpoint"
+            )
+        raise AttributeError(
+            f"{self!r} has no endpoint {attr!r}; its endpoints are {sorted(self._endpoints)}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        refs = {n: EndpointInfo(i.name, i.is_async, i.explicit_response_port, None) for n, i in self._endpoints.items()}
+        return (
+            _rebuild,
+            (self._key, self._name, self._class_name, refs, self._methods, self._shape, self._addrs),
+        )
+
+    @property
+    def initialized(self) -> Future[None]:
+        """Done when every actor's ``__init__`` has run; raises ActorError if one raised."""
+        if self._initialized is None:
+            return Future.completed(None, f"{self._name}.initialized")
+        return self._initialized
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every actor of this mesh after its pending messages; runs ``__cleanup__``.
+
+        Raises:
+            RuntimeError: this is a reference (sliced or received), not the mesh from ``spawn``.
+        """
+        if not self._owned:
+            raise RuntimeError(
+                f"cannot stop {self!r}: it is a reference (a slice or a received mesh); "
+                "call stop() on the mesh that spawn() returned"
+            )
+        if self._stopped:
+            return Future.completed(None, f"{self._name}.stop()")
+        self._stopped = True
+        rt = _runtime.current()
+        fut: Future[None] = Future(f"{self._name}.stop()")
+        shape = self._shape
+        addrs = [self._addrs[i] for i in shape.ranks()]
+        port = (rt.addr, rt.ports.open(Gather(fut, f"{self._name}.stop", shape, addrs, values=False)))
+        for rank, addr in enumerate(addrs):
+            rt.send(addr, (Kind.STOP, None, self._key, port, rank, reason))
+        return fut
+
+    def _cast(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        ranks: list[int],
+        receiver: Callable[[list[Addr]], Receiver] | None,
+    ) -> None:
+        if self._stopped:
+            raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
+        rt = _runtime.current()
+        try:
+            body, buffers = _serialize.dumps((args, kwargs))
+        except Exception as exc:
+            raise TypeError(
+                f"cannot pickle the arguments of {self._name}.{method}(): {exc}; "
+                "pass data that pickles (not locks, sockets or open files)"
+            ) from exc
+        shape = self._shape
+        base = self._addrs
+        addrs = [base[shape.base_index(r)] for r in ranks]
+        port = None
+        if receiver is not None:
+            port = (rt.addr, rt.ports.open(receiver(addrs)))
+        sizes = tuple(b.nbytes for b in buffers) or None
+        labels, dims = shape.labels, shape.sizes
+        send = rt.router.send
+        for rank, addr in zip(ranks, addrs):
+            send(addr, (Kind.CALL, sizes, self._key, method, body, port, (rank, labels, dims)), buffers)
+
+
+def _rebuild(
+    key: tuple[int, int, int],
+    name: str,
+    class_name: str,
+    endpoints: dict[str, EndpointInfo],
+    methods: frozenset[str],
+    shape: Shape,
+    addrs: tuple[Addr, ...],
+) -> ActorMesh[Any]:
+    return ActorMesh(
+        key=key, name=name, class_name=class_name, endpoints=endpoints, methods=methods, shape=shape, addrs=addrs
+    )

@@ -1,0 +1,98 @@
+"""Runtime settings read once from ``MPIMESH_*`` environment variables.
+
+Every knob of the runtime lives here, parsed and validated in one place.
+A value that does not parse raises ``ValueError`` naming the variable and the
+expected form, at import of :mod:`mpimesh`, not in the middle of a job.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+__all__ = ["Config", "load", "settings"]
+
+# Renamed variables: old name -> new name.  Read with a warning (mpi4py's
+# os_environ_get keeps the same kind of table).
+_RENAMED: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Parsed ``MPIMESH_*`` settings.
+
+    Attributes:
+        spin_us: After a message, a waiting thread polls MPI without sleeping
+            for this long (``MPIMESH_SPIN_US``).  Keeps round trips at MPI
+            speed while traffic flows.
+        idle_sleep_us: Longest sleep between two polls of an idle rank
+            (``MPIMESH_IDLE_SLEEP_US``).  Bounds both the idle CPU cost and
+            the latency of the first message after an idle period.
+        leader_idle_ms: A thread waiting on its own event stops polling MPI
+            after this long without traffic and leaves polling to the
+            background thread (``MPIMESH_LEADER_IDLE_MS``).
+        shutdown_timeout: Seconds the controller waits for workers to finish
+            at exit before aborting the job (``MPIMESH_SHUTDOWN_TIMEOUT``).
+        cleanup_timeout: Seconds an actor's ``__cleanup__`` may run at stop
+            (``MPIMESH_CLEANUP_TIMEOUT``).
+        spawn_timeout: Seconds to wait for spawned workers to say hello
+            (``MPIMESH_SPAWN_TIMEOUT``).
+        oob_threshold: Buffers of at least this many bytes inside arguments
+            and results travel as raw MPI messages (``MPIMESH_OOB_THRESHOLD``).
+        debug: Trace lines tagged ``[rank N]`` on stderr (``MPIMESH_DEBUG``).
+    """
+
+    spin_us: float = 2000.0
+    idle_sleep_us: float = 1000.0
+    leader_idle_ms: float = 10.0
+    shutdown_timeout: float = 10.0
+    cleanup_timeout: float = 3.0
+    spawn_timeout: float = 60.0
+    oob_threshold: int = 65536
+    debug: bool = False
+
+
+def _get(environ: Mapping[str, str], name: str) -> str | None:
+    for old, new in _RENAMED.items():
+        if new == name and old in environ and name not in environ:
+            import warnings
+
+            warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+            return environ[old]
+    return environ.get(name)
+
+
+def _number(environ: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = _get(environ, name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}; unset it or use e.g. {name}={default:g}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum:g}, got {raw!r}; use e.g. {name}={default:g}")
+    return value
+
+
+def load(environ: Mapping[str, str] | None = None) -> Config:
+    """Parse the settings from ``environ`` (default: ``os.environ``).
+
+    Raises:
+        ValueError: a variable is set to something that does not parse.
+    """
+    env = os.environ if environ is None else environ
+    return Config(
+        spin_us=_number(env, "MPIMESH_SPIN_US", Config.spin_us),
+        idle_sleep_us=_number(env, "MPIMESH_IDLE_SLEEP_US", Config.idle_sleep_us, minimum=1.0),
+        leader_idle_ms=_number(env, "MPIMESH_LEADER_IDLE_MS", Config.leader_idle_ms),
+        shutdown_timeout=_number(env, "MPIMESH_SHUTDOWN_TIMEOUT", Config.shutdown_timeout, minimum=0.1),
+        cleanup_timeout=_number(env, "MPIMESH_CLEANUP_TIMEOUT", Config.cleanup_timeout),
+        spawn_timeout=_number(env, "MPIMESH_SPAWN_TIMEOUT", Config.spawn_timeout, minimum=0.1),
+        oob_threshold=int(_number(env, "MPIMESH_OOB_THRESHOLD", Config.oob_threshold)),
+        debug=(_get(env, "MPIMESH_DEBUG") or "0") not in ("", "0", "false", "no"),
+    )
+
+
+settings: Config = load()

@@ -1,0 +1,86 @@
+"""Where am I: the calling actor, its rank, and the message being handled."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .shape import Extent, Point
+
+if TYPE_CHECKING:
+    from .proc_mesh import ProcMesh
+
+__all__ = ["Context", "Instance", "context", "current_rank", "current_size", "current_actor_name"]
+
+
+@dataclass
+class Instance:
+    """The actor whose code is running.
+
+    Attributes:
+        rank: this actor's point in the mesh it was spawned as.
+        name: the actor mesh's name (``"client"`` for the controller script).
+        class_name: the actor class's qualified name.
+        actor_id: a unique id, ``name[rank]@island.rank``.
+        proc_mesh: the process mesh the actor was spawned on (a reference).
+        creator: the actor id of whoever spawned it.
+    """
+
+    rank: Point
+    name: str
+    class_name: str
+    actor_id: str
+    proc_mesh: ProcMesh | None = None
+    creator: str | None = None
+    _cell: Any = field(default=None, repr=False)
+
+    @property
+    def proc(self) -> ProcMesh:
+        """The singleton process mesh of this actor's process."""
+        from .proc_mesh import this_proc
+
+        return this_proc()
+
+    def stop(self, reason: str = "stopped by itself") -> None:
+        """Stop this actor after the current message (``__cleanup__`` runs)."""
+        if self._cell is None:
+            raise RuntimeError(f"cannot stop {self.actor_id}: it is the controller script, not an actor")
+        self._cell.request_stop(reason)
+
+
+@dataclass
+class Context:
+    """The context of the running code; see :func:`context`."""
+
+    actor_instance: Instance
+    message_rank: Point
+
+
+_UNITY = Point(0, Extent((), ()))
+_ROOT = Context(Instance(_UNITY, "client", "client", "client"), _UNITY)
+_current: contextvars.ContextVar[Context] = contextvars.ContextVar("mpimesh_context", default=_ROOT)
+
+
+def context() -> Context:
+    """The calling actor and the message it is handling.
+
+    Outside any actor (the controller script, a worker's own threads) this is
+    the root client context, whose rank is the 0-dimensional point.
+    """
+    return _current.get()
+
+
+def current_rank() -> Point:
+    """The caller's point in the mesh slice the current message was sent to."""
+    return _current.get().message_rank
+
+
+def current_size() -> dict[str, int]:
+    """Sizes of the mesh slice the current message was sent to."""
+    return dict(_current.get().message_rank.extent)
+
+
+def current_actor_name() -> str:
+    """The name of the running actor mesh (``"client"`` outside actors)."""
+    return _current.get().actor_instance.name

@@ -1,0 +1,136 @@
+"""Every exception that mpimesh raises for runtime and distributed failures.
+
+Misuse (a bad argument, an unknown dimension) raises a built-in type such as
+``TypeError`` or ``ValueError``; the types here describe what went wrong on
+another process, or inside the runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ActorError",
+    "MeshInternalError",
+    "RemoteException",
+    "RemoteTraceback",
+    "SupervisionError",
+]
+
+
+class RemoteTraceback(Exception):
+    """The traceback text of an exception raised on another process.
+
+    It is attached as ``__cause__`` of the original exception, so that an
+    uncaught :class:`ActorError` prints where the remote call failed, under a
+    header naming the rank, its mesh coordinates and the host.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class RemoteException(Exception):
+    """Stands in for a remote exception that could not be pickled or unpickled.
+
+    ``type_name`` is the qualified name of the original exception type; the
+    message is the original ``str()``.  Raised inside :class:`ActorError`
+    (as ``.exception``), never on its own.
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(type_name, message)
+        self.type_name = type_name
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}" if self.message else self.type_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteException, (self.type_name, self.message))
+
+
+class ActorError(Exception):
+    """An endpoint raised an exception on a remote actor.
+
+    Raised by ``Future.get()`` of ``call``, ``call_one``, ``choose`` and
+    ``stream``.  The actor keeps serving: catch it like a local exception.
+
+    Attributes:
+        exception: the original exception (also ``__cause__``); a
+            :class:`RemoteException` when the original could not travel.
+        exception_formatted: the remote traceback text.
+        header: ``### rank 3 (hosts=0, gpus=3) on node17 in actor 'trainers'``.
+        rank: flat rank of the failing actor in its mesh.
+        coords: its mesh coordinates.
+        host: the host name of the failing process.
+    """
+
+    def __init__(
+        self,
+        exception: BaseException,
+        exception_formatted: str = "",
+        header: str = "",
+        *,
+        rank: int = -1,
+        coords: dict[str, int] | None = None,
+        host: str = "",
+    ) -> None:
+        super().__init__(exception, exception_formatted, header)
+        self.exception = exception
+        self.exception_formatted = exception_formatted
+        self.header = header
+        self.rank = rank
+        self.coords = dict(coords or {})
+        self.host = host
+        self.__cause__ = exception
+
+    @property
+    def message(self) -> str:
+        """One line: where it failed and what was raised."""
+        return f"{self.header.lstrip('# ')}: {type(self.exception).__name__}: {self.exception}"
+
+    def __str__(self) -> str:
+        return f"remote call failed at {self.message}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_actor_error,
+            (self.exception, self.exception_formatted, self.header, self.rank, self.coords, self.host),
+        )
+
+
+def _rebuild_actor_error(
+    exception: BaseException, formatted: str, header: str, rank: int, coords: dict[str, int], host: str
+) -> ActorError:
+    return ActorError(exception, formatted, header, rank=rank, coords=coords, host=host)
+
+
+class SupervisionError(RuntimeError):
+    """The process or actor that was to answer a call has failed.
+
+    Raised by pending futures when the target dies (a crash, a kill, an exit)
+    and by new calls to the failed part of a mesh.  Calls to healthy slices
+    keep working.  ``endpoint`` names the call; ``failure`` is the
+    :class:`mpimesh.MeshFailure` describing the cause, when known.
+    """
+
+    def __init__(self, message: str, *, endpoint: str = "", failure: Any = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.failure = failure
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_supervision_error, (str(self), self.endpoint))
+
+
+def _rebuild_supervision_error(message: str, endpoint: str) -> SupervisionError:
+    return SupervisionError(message, endpoint=endpoint)
+
+
+class MeshInternalError(Exception):
+    """A broken invariant inside mpimesh: please file a bug with the traceback."""
+
+    def __init__(self, detail: str = "") -> None:
+        text = "internal error in mpimesh - please file a bug"
+        super().__init__(f"{text}: {detail}" if detail else text)

@@ -1,0 +1,94 @@
+"""The one Future type of mpimesh.
+
+:class:`Future` is a :class:`concurrent.futures.Future`, so ``wait``,
+``as_completed`` and ``result(timeout)`` work unchanged (mpi4py.futures makes
+the same choice).  It adds Monarch's ``get(timeout)`` and ``await``.  A thread
+blocked in ``get`` drives MPI itself, so the reply it waits for is received on
+that very thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, Callable, Generator, Generic, TypeVar
+
+__all__ = ["Future"]
+
+R = TypeVar("R")
+
+# Installed by the runtime: wait(done, cond, timeout) -> bool, driving progress.
+_driver: Callable[[Callable[[], bool], threading.Condition, float | None], bool] | None = None
+
+
+class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
+    """The result of a remote call, available later.
+
+    Users do not create futures; endpoints, ports and meshes return them.
+    ``get()`` and ``result()`` block the calling thread (driving MPI progress
+    meanwhile); ``await fut`` suspends a coroutine instead.  A timeout does
+    not consume the future: call ``get`` again to keep waiting.
+    """
+
+    def __init__(self, what: str = "") -> None:
+        super().__init__()
+        self._what = what
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<mpimesh.Future {self._what or hex(id(self))} {state}>"
+
+    def _wait(self, timeout: float | None) -> None:
+        if self.done():
+            return
+        driver = _driver
+        if driver is None:
+            ok = concurrent.futures.wait([self], timeout).done
+        else:
+            ok = driver(self.done, self._condition, timeout)  # type: ignore[attr-defined]
+        if not ok:
+            raise TimeoutError(
+                f"{self!r} not done after {timeout:g} s; call get() again to keep waiting, or raise the timeout"
+            )
+
+    def get(self, timeout: float | None = None) -> R:
+        """Block until the value is ready and return it.
+
+        Args:
+            timeout: seconds to wait; ``None`` waits as long as it takes.
+
+        Raises:
+            TimeoutError: not ready within ``timeout`` (the future stays usable).
+            ActorError: the remote endpoint raised.
+            SupervisionError: the remote process or actor failed.
+        """
+        self._wait(timeout)
+        return super().result(0)  # type: ignore[no-any-return]
+
+    def result(self, timeout: float | None = None) -> R:
+        """Same as :meth:`get` (``concurrent.futures`` name)."""
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Block until done; return the exception raised, or ``None``.
+
+        Raises:
+            TimeoutError: not done within ``timeout``.
+        """
+        self._wait(timeout)
+        return super().exception(0)
+
+    def __await__(self) -> Generator[Any, None, R]:
+        return asyncio.wrap_future(self).__await__()  # type: ignore[return-value]
+
+    def as_asyncio(self) -> asyncio.Future[R]:
+        """This future as an :class:`asyncio.Future` of the running loop (repeatable)."""
+        return asyncio.wrap_future(self)
+
+    @classmethod
+    def completed(cls, value: R, what: str = "") -> Future[R]:
+        """A future that is already done with ``value``."""
+        fut: Future[R] = cls(what)
+        fut.set_result(value)
+        return fut
