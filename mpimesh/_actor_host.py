@@ -312,7 +312,10 @@ class ActorHost:
         self.tombstones: dict[tuple, str] = {}
 
     def on_spawn(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
-        _, _, key, name, point, is_async, body, port, creator = frame
+        _, _, key, name, point, is_async, body, port, creator, path = frame
+        for entry in reversed(path):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
         cell = _Cell(self, key, name, _point(point), is_async, creator)
         with self.lock:
             self.cells[key] = cell

@@ -29,7 +29,7 @@ class Kind(enum.IntEnum):
     INIT = 1
     #: worker -> controller: (host, pid)
     HELLO = 2
-    #: any -> worker: create an actor: (actor_key, name, point, proc_mesh, body, reply_port, owner)
+    #: any -> worker: create an actor: (actor_key, name, point, is_async, body, reply_port, creator, sys_path)
     SPAWN = 3
     #: any -> actor: (actor_key, method, body, reply_port | None, message_point, adverb)
     CALL = 4

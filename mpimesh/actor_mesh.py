@@ -50,11 +50,11 @@ class Endpoint(Generic[R]):
                 return
             except TypeError as exc:
                 error = exc
-            params = list(sig.parameters.values())[len(lead):]
-            shown = ", ".join(str(p) for p in params)
-            raise TypeError(
-                f"{self._mesh._name}.{self._info.name}(): {error}; the endpoint takes ({shown})"
-            ) from None
+            params = [
+                p.replace(annotation=p.empty) for p in list(sig.parameters.values())[len(lead):]
+            ]
+            shown = sig.replace(parameters=params, return_annotation=sig.empty)
+            raise TypeError(f"{self._mesh._name}.{self._info.name}(): {error}; the endpoint takes {shown}") from None
 
     def _send(
         self,

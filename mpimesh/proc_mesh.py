@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from typing import Any, Callable, Mapping, TypeVar, cast
 
 from . import _runtime, _serialize
@@ -109,9 +110,12 @@ class ProcMesh(MeshTrait):
         port = (rt.addr, rt.ports.open(Gather(fut, f"{name}.__init__", shape, addrs, values=False)))
         creator = context().actor_instance.actor_id
         sizes = tuple(b.nbytes for b in buffers) or None
+        # Classes from importable modules travel by reference: the workers
+        # need the spawner's sys.path (pytest, for one, extends it late).
+        path = tuple(sys.path)
         for rank, addr in enumerate(addrs):
             point = (rank, shape.labels, shape.sizes)
-            rt.send(addr, (Kind.SPAWN, sizes, key, name, point, is_async, body, port, creator), buffers)
+            rt.send(addr, (Kind.SPAWN, sizes, key, name, point, is_async, body, port, creator, path), buffers)
         mesh: ActorMesh[T] = ActorMesh(
             key=key,
             name=name,

@@ -1,0 +1,461 @@
+"""Actor meshes: adverbs, values, errors, ordering, references, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import mpimesh
+from mpimesh import (
+    Actor,
+    ActorError,
+    Channel,
+    Port,
+    SupervisionError,
+    ValueMesh,
+    context,
+    current_rank,
+    current_size,
+    endpoint,
+    this_host,
+    this_proc,
+)
+
+pytestmark = pytest.mark.mesh
+
+
+class Echo(Actor):
+    def __init__(self, tag: str = "echo") -> None:
+        self.tag = tag
+        self.seen: list[int] = []
+
+    @endpoint
+    def rank(self) -> int:
+        return current_rank().rank
+
+    @endpoint
+    def point(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        return dict(current_rank()), current_size(), dict(context().actor_instance.rank)
+
+    @endpoint
+    def echo(self, x: object, *, twice: bool = False) -> object:
+        return (x, x) if twice else x
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def sleep_then(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return current_rank().rank
+
+    @endpoint
+    def append(self, i: int) -> None:
+        self.seen.append(i)
+
+    @endpoint
+    def history(self) -> list[int]:
+        return list(self.seen)
+
+    @endpoint
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    @endpoint
+    def fail_on(self, rank: int) -> int:
+        if current_rank().rank >= rank:
+            raise KeyError(f"rank {current_rank().rank}")
+        return current_rank().rank
+
+    @endpoint
+    def unpicklable_result(self) -> object:
+        return threading.Lock()
+
+    @endpoint
+    def total(self, array: np.ndarray) -> float:
+        return float(array.sum())
+
+    @endpoint
+    def double(self, array: np.ndarray) -> np.ndarray:
+        return array * 2
+
+    def helper(self) -> None:
+        """Not an endpoint."""
+
+
+class Caller(Actor):
+    """Calls another mesh from inside its endpoints (sync)."""
+
+    def __init__(self, other: object) -> None:
+        self.other = other
+
+    @endpoint
+    def relay(self, x: int) -> list[object]:
+        me = current_rank().rank
+        return [self.other.slice(gpus=me).echo.call_one(x + i).get(10) for i in range(3)]  # type: ignore[attr-defined]
+
+    @endpoint
+    def relay_all(self, x: int) -> list[object]:
+        return self.other.echo.call(x).get(10).values()  # type: ignore[attr-defined]
+
+    @endpoint
+    def send_to(self, port: Port[object], x: object) -> None:
+        port.send((current_rank().rank, x))
+
+
+class AsyncCaller(Actor):
+    def __init__(self, other: object) -> None:
+        self.other = other
+
+    @endpoint
+    async def relay(self, x: int) -> object:
+        first = await self.other.echo.call_one(x)  # type: ignore[attr-defined]
+        await asyncio.sleep(0.001)
+        return first, current_rank().rank
+
+    @endpoint
+    async def fail(self) -> None:
+        raise RuntimeError("async failure")
+
+
+class Responder(Actor):
+    @endpoint(explicit_response_port=True)
+    def later(self, port: Port[int], x: int) -> None:
+        threading.Timer(0.01, port.send, args=(x + 1,)).start()
+
+
+class Cleanup(Actor):
+    def __init__(self, port: Port[str]) -> None:
+        self.port = port
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        self.port.send(f"cleanup {context().actor_instance.rank.rank} {exc}")
+
+
+class BadInit(Actor):
+    def __init__(self) -> None:
+        raise ZeroDivisionError("bad init")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class Mixed(Actor):
+    @endpoint
+    def a(self) -> None: ...
+
+    @endpoint
+    async def b(self) -> None: ...
+
+
+@pytest.fixture(scope="module")
+def echo(procs: object) -> object:
+    mesh = procs.spawn("echo", Echo)  # type: ignore[attr-defined]
+    mesh.initialized.get(30)
+    return mesh
+
+
+# --- adverbs --------------------------------------------------------------------
+
+
+def test_call_returns_value_mesh_shaped_like_the_mesh(echo: object) -> None:
+    """call() gathers one value per actor, in rank order, shaped like the mesh."""
+    vm = echo.rank.call().get(10)  # type: ignore[attr-defined]
+    assert isinstance(vm, ValueMesh)
+    assert vm.sizes == {"hosts": 1, "gpus": 2}
+    assert vm.values() == [0, 1]
+    assert vm.item(hosts=0, gpus=1) == 1
+    assert [(dict(p), v) for p, v in vm.items()] == [({"hosts": 0, "gpus": 0}, 0), ({"hosts": 0, "gpus": 1}, 1)]
+    assert len(vm) == 2
+
+
+def test_call_one_on_a_slice_and_message_rank(echo: object) -> None:
+    """A slice that drops a dimension changes current_rank, not the actor's own rank."""
+    message, size, own = echo.slice(gpus=1).point.call_one().get(10)  # type: ignore[attr-defined]
+    assert message == {"hosts": 0}
+    assert size == {"hosts": 1}
+    assert own == {"hosts": 0, "gpus": 1}
+
+
+def test_call_one_rejects_many_actors(echo: object) -> None:
+    """call_one() on a mesh of two raises before sending anything."""
+    with pytest.raises(
+        ValueError,
+        match=r"^call_one\(\) needs a mesh of exactly 1 actor, got 2 in ActorMesh\('echo', Echo, hosts=1, gpus=2\); "
+        r"slice it to one actor first, e.g. echo.slice\(hosts=0\), or use call\(\)$",
+    ):
+        echo.rank.call_one()  # type: ignore[attr-defined]
+
+
+def test_choose_reaches_one_actor(echo: object) -> None:
+    """choose() answers from exactly one of the actors."""
+    seen = {echo.rank.choose().get(10) for _ in range(40)}  # type: ignore[attr-defined]
+    assert seen <= {0, 1} and seen
+
+
+def test_stream_yields_in_arrival_order(echo: object) -> None:
+    """stream() yields one future per reply, the fastest first."""
+    futures = list(echo.sleep_then.stream(0.0))  # type: ignore[attr-defined]
+    assert sorted(f.get(10) for f in futures) == [0, 1]
+    slow_first = echo.slice(gpus=0).sleep_then.call_one(0.5)  # type: ignore[attr-defined]
+    futures = list(echo.sleep_then.stream(0.0))  # type: ignore[attr-defined]
+    # rank 0 is busy for 0.5 s, so rank 1 answers first
+    assert [f.get(10) for f in futures] == [1, 0]
+    assert slow_first.get(10) == 0
+
+
+def test_broadcast_is_fifo_per_sender(echo: object) -> None:
+    """Messages from one sender to one actor are handled in the order sent."""
+    for i in range(300):
+        echo.append.broadcast(i)  # type: ignore[attr-defined]
+    histories = echo.history.call().get(10).values()  # type: ignore[attr-defined]
+    for history in histories:
+        assert history[-300:] == list(range(300))
+
+
+def test_keyword_arguments_and_nested_values(echo: object) -> None:
+    """Arguments keep their structure, keywords included."""
+    value = {"a": [1, 2.5, "x"], "b": (None, b"raw")}
+    assert echo.slice(gpus=0).echo.call_one(value, twice=True).get(10) == (value, value)  # type: ignore[attr-defined]
+
+
+def test_functions_defined_by_the_caller_travel(echo: object) -> None:
+    """A lambda and a local class go by value (cloudpickle)."""
+
+    class Local:
+        def __init__(self, v: int) -> None:
+            self.v = v
+
+    result = echo.slice(gpus=1).echo.call_one((lambda y: y * 3, Local(4))).get(10)  # type: ignore[attr-defined]
+    fn, obj = result
+    assert fn(2) == 6 and obj.v == 4
+
+
+def test_large_arrays_round_trip(echo: object) -> None:
+    """A numpy array above the out-of-band threshold arrives intact, both ways."""
+    array = np.arange(1 << 18, dtype=np.float64)
+    assert echo.slice(gpus=0).total.call_one(array).get(10) == float(array.sum())  # type: ignore[attr-defined]
+    doubled = echo.slice(gpus=1).double.call_one(array).get(10)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(doubled, array * 2)
+
+
+# --- errors -------------------------------------------------------------------------
+
+
+def test_remote_exception_is_actor_error_and_actor_lives(echo: object) -> None:
+    """An endpoint exception raises ActorError carrying the original, the rank and the host."""
+    with pytest.raises(ActorError) as info:
+        echo.slice(gpus=1).fail.call_one("boom").get(10)  # type: ignore[attr-defined]
+    err = info.value
+    assert isinstance(err.exception, ValueError) and str(err.exception) == "boom"
+    assert err.__cause__ is err.exception
+    assert err.rank == 1 and err.coords == {"hosts": 0, "gpus": 1}
+    assert err.host
+    assert err.header.startswith("### rank 1 (hosts=0, gpus=1) on ")
+    assert "raise ValueError(message)" in err.exception_formatted
+    assert isinstance(err.exception.__cause__, mpimesh.RemoteTraceback)
+    assert str(err) == f"remote call failed at {err.header[4:]}: ValueError: boom"
+    assert echo.slice(gpus=1).point.call_one().get(10)[2] == {"hosts": 0, "gpus": 1}  # type: ignore[attr-defined]
+
+
+def test_call_raises_the_lowest_failing_rank(echo: object) -> None:
+    """If several ranks raise, call() raises the error of the lowest one."""
+    with pytest.raises(ActorError) as info:
+        echo.fail_on.call(0).get(10)  # type: ignore[attr-defined]
+    assert info.value.rank == 0 and isinstance(info.value.exception, KeyError)
+    with pytest.raises(ActorError) as info:
+        echo.fail_on.call(1).get(10)  # type: ignore[attr-defined]
+    assert info.value.rank == 1
+
+
+def test_stream_and_choose_carry_errors(echo: object) -> None:
+    """stream() and choose() futures raise ActorError too."""
+    for fut in echo.fail.stream("s"):  # type: ignore[attr-defined]
+        with pytest.raises(ActorError):
+            fut.get(10)
+    with pytest.raises(ActorError):
+        echo.fail.choose("c").get(10)  # type: ignore[attr-defined]
+
+
+def test_unpicklable_result_is_an_error_at_the_caller(echo: object) -> None:
+    """A result that cannot be pickled becomes an ActorError, and the actor lives on."""
+    with pytest.raises(ActorError) as info:
+        echo.slice(gpus=0).unpicklable_result.call_one().get(10)  # type: ignore[attr-defined]
+    assert isinstance(info.value.exception, TypeError)
+    assert str(info.value.exception).startswith("cannot pickle the result of endpoint unpicklable_result (<unlocked")
+    assert echo.slice(gpus=0).rank.call_one().get(10) == 0  # type: ignore[attr-defined]
+
+
+def test_unpicklable_argument_raises_at_the_caller(echo: object) -> None:
+    """Arguments that cannot be pickled raise TypeError before anything is sent."""
+    with pytest.raises(TypeError, match=r"^cannot pickle the arguments of echo.echo\(\): .*; pass data that pickles"):
+        echo.echo.call(threading.Lock())  # type: ignore[attr-defined]
+
+
+def test_wrong_arguments_raise_at_the_caller(echo: object) -> None:
+    """Arguments are checked against the endpoint's signature."""
+    with pytest.raises(TypeError, match=r"^echo.echo\(\): missing a required argument: 'x'; the endpoint takes \(x, \*, twice=False\)$"):
+        echo.echo.call()  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"^echo.echo\(\): got an unexpected keyword argument 'thrice'; "):
+        echo.echo.call(1, thrice=True)  # type: ignore[attr-defined]
+
+
+def test_method_that_is_not_an_endpoint(echo: object) -> None:
+    """A plain method is not callable through the mesh, and the error says how to fix it."""
+    with pytest.raises(AttributeError, match=r"^Echo.helper is not an endpoint, so ActorMesh\('echo', Echo, hosts=1, gpus=2\) cannot call it; decorate it with @endpoint$"):
+        echo.helper  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match=r"^ActorMesh\('echo', Echo, hosts=1, gpus=2\) has no endpoint 'nothing'; its endpoints are \['append', "):
+        echo.nothing  # type: ignore[attr-defined]
+
+
+def test_unknown_dimension_and_out_of_range(echo: object) -> None:
+    """Slicing errors name the mesh and the fix."""
+    with pytest.raises(TypeError, match=r"^ActorMesh\('echo', Echo, hosts=1, gpus=2\) has no dimension 'gpu'"):
+        echo.slice(gpu=0)  # type: ignore[attr-defined]
+    with pytest.raises(IndexError, match=r"^index 2 out of range for dimension 'gpus' of size 2 in ActorMesh\('echo'"):
+        echo.slice(gpus=2)  # type: ignore[attr-defined]
+
+
+# --- actors calling actors -------------------------------------------------------------
+
+
+def test_actor_calls_actor_without_deadlock(procs: object, echo: object) -> None:
+    """A sync endpoint may block on another actor's reply, even one in its own process."""
+    callers = procs.spawn("callers", Caller, echo)  # type: ignore[attr-defined]
+    assert callers.relay.call(10).get(20).values() == [[10, 11, 12], [10, 11, 12]]
+    assert callers.relay_all.call(5).get(20).values() == [[5, 5], [5, 5]]
+    callers.stop().get(10)
+
+
+def test_async_actor_awaits_other_actors(procs: object, echo: object) -> None:
+    """Async endpoints await futures; their exceptions are ActorErrors."""
+    actors = procs.spawn("async", AsyncCaller, echo.slice(gpus=0))  # type: ignore[attr-defined]
+    assert actors.relay.call(7).get(20).values() == [(7, 0), (7, 1)]
+    with pytest.raises(ActorError, match="async failure"):
+        actors.slice(gpus=1).fail.call_one().get(10)
+    actors.stop().get(10)
+
+
+def test_actor_in_the_controller_process(echo: object) -> None:
+    """this_proc() hosts actors in the calling process, which can call remote actors."""
+    local = this_proc().spawn("local", Caller, echo)
+    assert local.relay_all.call_one(3).get(20) == [3, 3]  # type: ignore[attr-defined]
+    local_echo = this_proc().spawn("local_echo", Echo)
+    assert local_echo.pid.call_one().get(10) == os.getpid()  # type: ignore[attr-defined]
+    local.stop().get(10)  # type: ignore[attr-defined]
+    local_echo.stop().get(10)  # type: ignore[attr-defined]
+
+
+def test_ports_travel_to_actors(procs: object) -> None:
+    """A Port passed to actors delivers their messages to the opener's receiver."""
+    callers = procs.spawn("senders", Caller, None)  # type: ignore[attr-defined]
+    port, receiver = Channel.open()
+    callers.send_to.broadcast(port, "hi")
+    got = sorted([receiver.recv().get(10), receiver.recv().get(10)])
+    assert got == [(0, "hi"), (1, "hi")]
+    callers.stop().get(10)
+
+
+def test_channel_in_order_and_exceptions() -> None:
+    """A channel delivers in order; Port.exception makes recv raise."""
+    port, receiver = Channel.open()
+    for i in range(5):
+        port.send(i)
+    assert [receiver.recv().get(5) for _ in range(5)] == [0, 1, 2, 3, 4]
+    pending = receiver.recv()
+    port.exception(KeyError("gone"))
+    with pytest.raises(ActorError) as info:
+        pending.get(5)
+    assert isinstance(info.value.exception, KeyError)
+    ranked_port, ranked = Channel.open_ranked()
+    ranked_port.send("x")
+    assert ranked.recv().get(5) == (-1, "x")
+    with pytest.raises(TypeError, match=r"^cannot pickle PortReceiver"):
+        import pickle
+
+        pickle.dumps(receiver)
+
+
+def test_explicit_response_port(one_proc: object) -> None:
+    """An explicit-port endpoint answers later, from another thread."""
+    responder = one_proc.spawn("responder", Responder)  # type: ignore[attr-defined]
+    assert responder.later.call_one(41).get(10) == 42
+    assert responder.later.call(1).get(10).values() == [2]
+    responder.stop().get(10)
+
+
+# --- futures ----------------------------------------------------------------------
+
+
+def test_future_timeout_does_not_consume(echo: object) -> None:
+    """get(timeout) raises TimeoutError and the future can still be waited on."""
+    fut = echo.slice(gpus=0).sleep_then.call_one(0.3)  # type: ignore[attr-defined]
+    with pytest.raises(TimeoutError, match=r"^<mpimesh.Future echo.sleep_then.call_one\(\) pending> not done after 0.01 s; "):
+        fut.get(0.01)
+    assert fut.get(10) == 0
+    assert fut.result() == 0 and fut.exception() is None
+
+
+def test_future_await(echo: object) -> None:
+    """Futures can be awaited from asyncio code on the controller."""
+
+    async def main() -> list[int]:
+        one = await echo.slice(gpus=1).rank.call_one()  # type: ignore[attr-defined]
+        vm = await echo.rank.call()  # type: ignore[attr-defined]
+        return [one, *vm.values()]
+
+    assert asyncio.run(main()) == [0, 0, 1]  # a slice's only actor has message rank 0
+
+
+# --- lifecycle ----------------------------------------------------------------------------
+
+
+def test_stop_runs_cleanup_and_refuses_later_calls(procs: object) -> None:
+    """stop() drains, runs __cleanup__ on every actor, and later calls raise."""
+    port, receiver = Channel.open()
+    mesh = procs.spawn("cleanup", Cleanup, port)  # type: ignore[attr-defined]
+    assert mesh.ping.call().get(10).values() == ["pong", "pong"]
+    mesh.stop().get(10)
+    assert sorted([receiver.recv().get(10), receiver.recv().get(10)]) == ["cleanup 0 None", "cleanup 1 None"]
+    with pytest.raises(RuntimeError, match=r"^cannot call cleanup.ping\(\) after stop\(\) of ActorMesh\('cleanup', Cleanup, hosts=1, gpus=2\); spawn a new mesh$"):
+        mesh.ping.call()
+    assert mesh.stop().get(1) is None  # stopping twice is harmless
+
+
+def test_references_cannot_stop(echo: object) -> None:
+    """A slice is a reference: stop() says to use the owned mesh."""
+    with pytest.raises(RuntimeError, match=r"^cannot stop ActorMesh\('echo', Echo, hosts=1\): it is a reference"):
+        echo.slice(gpus=0).stop()  # type: ignore[attr-defined]
+
+
+def test_init_failure_reaches_initialized_and_later_calls(one_proc: object) -> None:
+    """An exception in __init__ fails `initialized`; calls to that actor then raise SupervisionError."""
+    mesh = one_proc.spawn("badinit", BadInit)  # type: ignore[attr-defined]
+    with pytest.raises(ActorError) as info:
+        mesh.initialized.get(10)
+    assert isinstance(info.value.exception, ZeroDivisionError)
+    with pytest.raises(SupervisionError, match=r"cannot take ping\(\): it failed \(ZeroDivisionError in __init__: bad init\)"):
+        mesh.ping.call_one().get(10)
+
+
+def test_spawn_misuse(one_proc: object) -> None:
+    """spawn() rejects non-actors, mixed endpoints and unpicklable arguments at the caller."""
+    with pytest.raises(TypeError, match=r"^cannot spawn <class 'int'> on ProcMesh\(hosts=1, gpus=1\): it is not an Actor subclass; "):
+        one_proc.spawn("x", int)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"^actor class Mixed mixes def endpoints \['a'\] and async def endpoints \['b'\]; "):
+        one_proc.spawn("mixed", Mixed)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"^cannot pickle the arguments of Echo for actor mesh 'e': "):
+        one_proc.spawn("e", Echo, threading.Lock())  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"^actor mesh name must be a non-empty str, got 3; "):
+        one_proc.spawn(3, Echo)  # type: ignore[attr-defined]
