@@ -133,6 +133,7 @@ class Controller:
                 self.procs[addr].allocated = False
                 if addr[0] == 0 and addr not in self.free:
                     self.free.append(addr)
+            self.free.sort()  # deterministic placement: lowest ranks first
         for island in islands:
             members = self.islands.get(island, [])
             if not any(self.procs[a].allocated for a in members):

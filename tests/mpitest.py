@@ -42,6 +42,8 @@ def mpiexec_cmd(n: int, *args: str) -> list[str]:
     cmd = [mpiexec(), "-n", str(n)]
     if is_openmpi():
         cmd += ["--oversubscribe", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            cmd += ["--allow-run-as-root"]
     return cmd + list(args)
 
 

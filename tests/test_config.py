@@ -1,0 +1,22 @@
+"""MPIMESH_* settings parse once, with errors naming the variable (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpimesh.config import Config, load
+
+
+def test_defaults_and_overrides() -> None:
+    """Unset variables give the defaults; set ones are parsed."""
+    assert load({}) == Config()
+    cfg = load({"MPIMESH_SPIN_US": "50", "MPIMESH_DEBUG": "1", "MPIMESH_SHUTDOWN_TIMEOUT": "2.5"})
+    assert cfg.spin_us == 50 and cfg.debug and cfg.shutdown_timeout == 2.5
+
+
+def test_bad_values_name_the_variable() -> None:
+    """A value that does not parse says which variable and what to write."""
+    with pytest.raises(ValueError, match=r"^MPIMESH_SPIN_US must be a number, got 'fast'; unset it or use e.g. MPIMESH_SPIN_US=2000$"):
+        load({"MPIMESH_SPIN_US": "fast"})
+    with pytest.raises(ValueError, match=r"^MPIMESH_SHUTDOWN_TIMEOUT must be at least 0.1, got '0'; "):
+        load({"MPIMESH_SHUTDOWN_TIMEOUT": "0"})

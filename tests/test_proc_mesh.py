@@ -1,0 +1,138 @@
+"""Process meshes: allocation from the pool or by spawning, shapes, stop."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mpimesh import Actor, ProcMesh, endpoint, this_host, this_proc
+
+pytestmark = pytest.mark.mesh
+
+
+def world_size() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+class Where(Actor):
+    @endpoint
+    def where(self) -> tuple[int, str | None]:
+        return os.getpid(), os.environ.get("MPIMESH_TEST_BOOT")
+
+
+def test_spawn_procs_shape() -> None:
+    """Host dimensions come first, then per_host's."""
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        assert isinstance(procs, ProcMesh)
+        assert procs.sizes == {"hosts": 1, "gpus": 2}
+        assert len(procs) == 2 and procs.size("gpus") == 2
+        assert repr(procs) == "ProcMesh(hosts=1, gpus=2)"
+        flat = procs.flatten("rank")
+        assert flat.sizes == {"rank": 2}
+        assert procs.rename(gpus="workers").sizes == {"hosts": 1, "workers": 2}
+        assert procs.split(gpus=("a", "b"), a=2).sizes == {"hosts": 1, "a": 2, "b": 1}
+    finally:
+        procs.stop().get(30)
+
+
+def test_pool_first_then_spawn() -> None:
+    """The launch pool serves while it has room; a bigger mesh is spawned."""
+    pool = world_size() - 1
+    if pool:
+        procs = this_host().spawn_procs(per_host={"gpus": pool})
+        assert {addr[0] for addr in procs._addrs} == {0}
+        procs.stop().get(30)
+    procs = this_host().spawn_procs(per_host={"gpus": pool + 1})
+    try:
+        islands = {addr[0] for addr in procs._addrs}
+        assert len(islands) == 1 and 0 not in islands
+        pids = procs.spawn("where", Where).where.call().get(30).values()
+        assert len({pid for pid, _ in pids}) == pool + 1
+    finally:
+        procs.stop().get(30)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_stopped_pool_ranks_are_reused() -> None:
+    """After stop(), the same launch-pool ranks serve the next mesh."""
+    first = this_host().spawn_procs(per_host={"gpus": 1})
+    addrs = first._addrs
+    pid = first.spawn("w", Where).where.call_one().get(30)[0]
+    first.stop().get(30)
+    second = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        assert second._addrs == addrs
+        assert second.spawn("w", Where).where.call_one().get(30)[0] == pid
+    finally:
+        second.stop().get(30)
+
+
+def test_bootstrap_runs_before_actors() -> None:
+    """spawn_procs(bootstrap=fn) runs fn on every new process first."""
+
+    def boot() -> None:
+        os.environ["MPIMESH_TEST_BOOT"] = "booted"
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=boot)
+    try:
+        assert [env for _, env in procs.spawn("w", Where).where.call().get(30).values()] == ["booted", "booted"]
+    finally:
+        procs.stop().get(30)
+
+
+def test_this_proc_is_the_caller() -> None:
+    """this_proc() is the calling process as a 0-dimensional mesh."""
+    here = this_proc()
+    assert len(here) == 1 and here.sizes == {}
+    mesh = here.spawn("w", Where)
+    assert mesh.where.call_one().get(10)[0] == os.getpid()  # type: ignore[attr-defined]
+    mesh.stop().get(10)  # type: ignore[attr-defined]
+
+
+def test_per_host_validation() -> None:
+    """Malformed per_host raises at once with the fix."""
+    host = this_host()
+    with pytest.raises(ValueError, match=r"^per_host\['gpus'\] must be a positive int, got 0; e.g. per_host=\{'gpus': 4\}$"):
+        host.spawn_procs(per_host={"gpus": 0})
+    with pytest.raises(TypeError, match=r"^per_host keys must be dimension names, got 3; "):
+        host.spawn_procs(per_host={3: 1})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match=r"^per_host dimension 'hosts' clashes with a dimension of HostMesh\(hosts=1\); choose another name$"):
+        host.spawn_procs(per_host={"hosts": 2})
+    with pytest.raises(NotImplementedError, match=r"^spawn_procs\(proc_bind=...\) is not supported by mpimesh; "):
+        host.spawn_procs(per_host={"gpus": 1}, proc_bind=[{"cpus": "0"}])
+
+
+def test_references_cannot_stop_processes() -> None:
+    """A slice of a process mesh cannot stop the processes."""
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        with pytest.raises(RuntimeError, match=r"^cannot stop ProcMesh\(hosts=1\): it is a reference"):
+            procs.slice(gpus=0).stop()
+    finally:
+        procs.stop().get(30)
+    with pytest.raises(RuntimeError, match=r"^cannot spawn on ProcMesh\(hosts=1, gpus=2\) after stop\(\); "):
+        procs.spawn("late", Where)
+
+
+def test_actor_spawns_its_own_processes() -> None:
+    """An actor can create processes (through the controller) and actors on them."""
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        parent = procs.spawn("parent", Parent)
+        pids = parent.grow.call_one().get(60)  # type: ignore[attr-defined]
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+    finally:
+        procs.stop().get(30)
+
+
+class Parent(Actor):
+    @endpoint
+    def grow(self) -> list[int]:
+        children = this_host().spawn_procs(per_host={"kids": 2})
+        pids = [pid for pid, _ in children.spawn("kid", Where).where.call().get(30).values()]
+        children.stop().get(30)
+        return pids
