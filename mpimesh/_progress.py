@@ -60,6 +60,8 @@ class Progress:
         self._leader_idle = settings.leader_idle_ms * 1e-3
         # Threads currently leading (waiting for their own event and polling).
         self._leaders = 0
+        # Threads in a background wait (0 or 1): followers rely on them.
+        self._background = 0
         self._count_lock = threading.Lock()
 
     def poll_once(self) -> int:
@@ -108,11 +110,18 @@ class Progress:
                 if deadline is not None and now >= deadline:
                     return False
                 idle = now - last_traffic
-                if leading and idle >= self._leader_idle:
+                if leading and idle >= self._leader_idle and self._background:
                     # Quiet for a while: leave polling to the background waiter.
                     leading = False
                     with self._count_lock:
                         self._leaders -= 1
+                elif not leading and not self._background:
+                    # Nobody polls in the background (a worker still booting,
+                    # a controller shutting down): lead again.
+                    leading = True
+                    last_traffic = now
+                    with self._count_lock:
+                        self._leaders += 1
                 if leading and self._token.acquire(blocking=False):
                     try:
                         handled = self._poll()
@@ -139,6 +148,17 @@ class Progress:
                     self._leaders -= 1
 
     def _wait_background(
+        self, done: Callable[[], bool], cond: threading.Condition, timeout: float | None
+    ) -> bool:
+        with self._count_lock:
+            self._background += 1
+        try:
+            return self._poll_background(done, cond, timeout)
+        finally:
+            with self._count_lock:
+                self._background -= 1
+
+    def _poll_background(
         self, done: Callable[[], bool], cond: threading.Condition, timeout: float | None
     ) -> bool:
         now = time.monotonic()
