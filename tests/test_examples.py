@@ -1,0 +1,36 @@
+"""The examples run, both from the launch pool and with spawned workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpitest import ROOT, mpiexec_cmd, python_cmd, run
+
+pytestmark = pytest.mark.subprocess
+
+
+@pytest.mark.parametrize("launch", ["mpirun5", "spawned"])
+def test_hello_mesh(launch: str) -> None:
+    """hello_mesh prints one greeting per actor, catches the remote error, ends cleanly."""
+    cmd = python_cmd(str(ROOT / "examples" / "hello_mesh.py"))
+    if launch == "mpirun5":
+        cmd = mpiexec_cmd(5, *python_cmd("-m", "mpimesh", str(ROOT / "examples" / "hello_mesh.py")))
+    result = run(cmd, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("hello, mesh, from") == 4
+    assert "caught ZeroDivisionError from rank 1: float division by zero" in result.stdout
+    assert result.stdout.rstrip().endswith("done")
+    assert result.orphans == []
+
+
+@pytest.mark.parametrize("launch", ["mpirun5", "spawned"])
+def test_ping_pong(launch: str) -> None:
+    """ping_pong: each ping rallies with the pong of its own rank, sync and async."""
+    cmd = python_cmd(str(ROOT / "examples" / "ping_pong.py"))
+    if launch == "mpirun5":
+        cmd = mpiexec_cmd(5, *python_cmd("-m", "mpimesh", str(ROOT / "examples" / "ping_pong.py")))
+    result = run(cmd, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "ping[1]: ['pong 0 from pong[1]', 'pong 1 from pong[1]', 'pong 2 from pong[1]']" in result.stdout
+    assert "async: ['pong 0 from pong[1]', 'pong 1 from pong[1]']" in result.stdout
+    assert result.orphans == []
