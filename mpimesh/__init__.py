@@ -33,6 +33,8 @@ from .proc_mesh import this_proc as this_proc
 from .shape import Extent as Extent
 from .shape import Point as Point
 from .shape import Shape as Shape
+from .supervision import MeshFailure as MeshFailure
+from .supervision import unhandled_fault_hook as unhandled_fault_hook
 from .value_mesh import ValueMesh as ValueMesh
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "Future",
     "HostMesh",
     "Instance",
+    "MeshFailure",
     "MeshInternalError",
     "Point",
     "Port",
@@ -63,6 +66,7 @@ __all__ = [
     "endpoint",
     "this_host",
     "this_proc",
+    "unhandled_fault_hook",
 ]
 
 

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if check_world_size is not None:
         try:
             check_world_size(world.Get_size(), os.environ)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError) as exc:
             if world.Get_rank() == 0:
                 print(f"mpimesh: {exc}", file=sys.stderr, flush=True)
             return 1

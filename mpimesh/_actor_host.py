@@ -44,7 +44,8 @@ class _Cell:
     """One actor: its instance, mailbox and thread."""
 
     def __init__(
-        self, host: ActorHost, key: tuple, name: str, point: Point, is_async: bool, creator: str | None
+        self, host: ActorHost, key: tuple, name: str, point: Point, is_async: bool, creator: str | None,
+        spawner: Addr,
     ) -> None:
         self.host = host
         self.runtime = host.runtime
@@ -53,6 +54,7 @@ class _Cell:
         self.point = point
         self.is_async = is_async
         self.creator = creator
+        self.spawner = spawner
         self.instance: Any = None
         self.state = "starting"
         self.failure: str | None = None
@@ -134,12 +136,15 @@ class _Cell:
         if kind == "init":
             self._init(item)
             return True
+        if kind == "supervise":
+            self._supervise(item[1], None)
+            return True
         return self._stop(item, None)
 
     async def _ahandle(self, item: tuple) -> bool:
         kind = item[0]
+        pending: list[Any] = []
         if kind == "call":
-            pending: list[Any] = []
             self._call(item, pending)
             if pending:
                 await pending[0]
@@ -147,7 +152,11 @@ class _Cell:
         if kind == "init":
             self._init(item)
             return True
-        pending = []
+        if kind == "supervise":
+            self._supervise(item[1], pending)
+            if pending:
+                await pending[0]
+            return True
         keep = self._stop(item, pending)
         if pending:
             await pending[0]
@@ -257,12 +266,55 @@ class _Cell:
     def _report_fault(self, exc: BaseException, where: str) -> None:
         import traceback
 
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        report = f"{self.header}: {type(exc).__name__} in {where}: {exc}\n{text}"
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+        report = f"actor {self.actor_id} on {self.runtime.host}: {type(exc).__name__} in {where}: {exc}\n{text}"
+        self._fault(report)
+
+    def _fault(self, report: str) -> None:
         try:
-            self.runtime.fault(self.key, self.point.rank, report)
+            self.runtime.fault(self.key, self.point.rank, report, self.spawner)
         except Exception:
             print(report, file=sys.stderr, flush=True)
+
+    # -- supervision -----------------------------------------------------------
+
+    def _supervise(self, failure: Any, pending: list[Any] | None) -> None:
+        """A mesh this actor owns failed: ``__supervise__`` decides (Monarch's contract)."""
+        hook = getattr(self.instance, "__supervise__", None)
+        if hook is None or self.state != "running":
+            self._unhandled(failure, None)
+            return
+        token = _current.set(Context(self.identity, self.point))
+        try:
+            handled = hook(failure)
+            if inspect.isawaitable(handled):
+                if pending is None:
+                    raise TypeError("__supervise__ returned an awaitable in a sync actor; make it a plain def")
+
+                async def finish() -> None:
+                    try:
+                        if not await handled:
+                            self._unhandled(failure, None)
+                    except Exception as exc:
+                        self._unhandled(failure, exc)
+
+                pending.append(finish())
+                return
+        except Exception as exc:
+            self._unhandled(failure, exc)
+        else:
+            if not handled:
+                self._unhandled(failure, None)
+        finally:
+            _current.reset(token)
+
+    def _unhandled(self, failure: Any, raised: BaseException | None) -> None:
+        # Not handled: this actor fails too, and its own owner hears of both.
+        self.state = "failed"
+        extra = f"; __supervise__ raised {type(raised).__name__}: {raised}" if raised is not None else ""
+        self.failure = f"unhandled failure of its mesh {failure.mesh_name!r}{extra}"
+        self._fault(f"actor {self.actor_id} on {self.runtime.host} did not handle a failure{extra}:\n"
+                    f"  {failure.report()}")
 
     def _stop(self, item: tuple, pending: list[Any] | None) -> bool:
         _, reason, done = item
@@ -312,11 +364,11 @@ class ActorHost:
         self.tombstones: dict[tuple, str] = {}
 
     def on_spawn(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
-        _, _, key, name, point, is_async, body, port, creator, path = frame
+        _, _, key, name, point, is_async, body, port, (creator, spawner), path = frame
         for entry in reversed(path):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        cell = _Cell(self, key, name, _point(point), is_async, creator)
+        cell = _Cell(self, key, name, _point(point), is_async, creator, spawner)
         with self.lock:
             self.cells[key] = cell
             parked = self.parked.pop(key, [])

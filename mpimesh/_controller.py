@@ -25,6 +25,7 @@ from ._protocol import Kind, Status
 from .config import settings
 from .future import Future
 from .shape import Shape
+from .supervision import current_hook
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -44,6 +45,7 @@ class ProcInfo:
     hello: bool = True
     bye: bool = False
     allocated: bool = False
+    dead: bool = False
 
 
 class Controller:
@@ -66,21 +68,33 @@ class Controller:
         self._thread = threading.Thread(target=self._background, name="mpimesh-progress", daemon=True)
         self._closed = False
         self.failed_exit = False
+        self._supervisor = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-supervisor")
 
     def start(self) -> None:
-        """Start the background progress thread."""
+        """Start watching the pool and the background progress thread."""
+        from ._liveness import Liveness
+
+        rt = self.rt
+        rt.liveness = Liveness(rt)
+        rt._heard = rt.liveness.last_heard
+        for proc in self.procs.values():
+            rt.liveness.watch(proc.addr, proc.pid, proc.host)
         self._thread.start()
 
     def _background(self) -> None:
         rt = self.rt
         while not rt.stopping:
-            rt.progress.wait(lambda: rt.stopping, rt.cond, 0.25, background=True)
+            rt.progress.wait(lambda: rt.stopping, rt.cond, 0.1, background=True)
+            if rt.liveness is not None and not self._closed:
+                with rt.progress.holding():
+                    rt.liveness.heartbeat()
 
     # -- allocation ------------------------------------------------------------
 
     def allocate(self, n: int) -> list[ProcInfo]:
         """``n`` worker processes: from the launch pool if it has room, else spawned."""
         with self.lock:
+            self.free = [a for a in self.free if not self.procs[a].dead]
             if len(self.free) >= n:
                 take, self.free = self.free[:n], self.free[n:]
                 for addr in take:
@@ -96,9 +110,18 @@ class Controller:
         info = MPI.Info.Create()
         info.Set("wdir", os.getcwd())
         args = ["-m", "mpimesh", "--worker", "--island", str(island)]
-        with rt.router.lock:
-            inter = MPI.COMM_SELF.Spawn(sys.executable, args=args, maxprocs=n, info=info)
-        info.Free()
+        try:
+            with rt.router.lock:
+                inter = MPI.COMM_SELF.Spawn(sys.executable, args=args, maxprocs=n, info=info)
+        except MPI.Exception as exc:
+            free = len(self.free)
+            raise RuntimeError(
+                f"cannot start {n} worker processes: the launch pool has {free} free and MPI_Comm_spawn failed "
+                f"({exc.Get_error_string()}); launch with more ranks (e.g. `mpirun -n {n + 1 + len(self.procs) - free} "
+                "python -m mpimesh ...`, or more srun tasks: spawning is not possible under srun)"
+            ) from None
+        finally:
+            info.Free()
         addrs = [(island, r) for r in range(n)]
         with self.lock:
             for addr in addrs:
@@ -107,7 +130,8 @@ class Controller:
         rt.router.add_island(inter, island)
         for addr in addrs:
             rt.send(addr, (Kind.INIT, None, island, rt.host, rt.pid, list(sys.path)))
-        if not rt.wait(lambda: all(self.procs[a].hello for a in addrs), self.cond, settings.spawn_timeout):
+        if not rt.wait(lambda: all(self.procs[a].hello or self.procs[a].dead for a in addrs), self.cond,
+                       settings.spawn_timeout):
             missing = [a for a in addrs if not self.procs[a].hello]
             raise TimeoutError(
                 f"spawned processes {missing} did not start within {settings.spawn_timeout:g} s; "
@@ -120,18 +144,27 @@ class Controller:
         rt = self.rt
         fut: Future[None] = Future("stop")
         shape = Shape.row_major(("procs",), (len(addrs),))
-        port = (rt.addr, rt.ports.open(Gather(fut, "stop", shape, addrs, values=False)))
+        receiver = Gather(fut, "stop", shape, addrs, values=False)
+        port = (rt.addr, rt.ports.open(receiver))
         for i, addr in enumerate(addrs):
-            rt.send(addr, (Kind.STOP, None, None, port, i, reason))
+            if addr in rt.dead:
+                receiver.fail(addr, rt.dead[addr])
+                continue
+            try:
+                rt.send(addr, (Kind.STOP, None, None, port, i, reason))
+            except ConnectionError as exc:
+                receiver.fail(addr, str(exc))
+        if receiver.count >= receiver.n:
+            rt.ports.close(port[1])
         try:
             fut.get(settings.shutdown_timeout)
-        except TimeoutError:
-            pass  # the processes are gone or stuck: close them below regardless
+        except Exception:
+            pass  # processes gone or stuck: close them below regardless
         with self.lock:
             islands = {a[0] for a in addrs if a[0] != 0}
             for addr in addrs:
                 self.procs[addr].allocated = False
-                if addr[0] == 0 and addr not in self.free:
+                if addr[0] == 0 and addr not in self.free and not self.procs[addr].dead:
                     self.free.append(addr)
             self.free.sort()  # deterministic placement: lowest ranks first
         for island in islands:
@@ -143,16 +176,21 @@ class Controller:
         rt = self.rt
         with self.lock:
             members = self.islands.pop(island, [])
-        waiting = [a for a in members if not self.procs[a].bye]
+        waiting = [a for a in members if not self.procs[a].bye and not self.procs[a].dead]
         for addr in waiting:
-            rt.send(addr, (Kind.SHUTDOWN, None, code))
-        clean = rt.wait(lambda: all(self.procs[a].bye for a in members), self.cond, settings.shutdown_timeout)
+            try:
+                rt.send(addr, (Kind.SHUTDOWN, None, code))
+            except ConnectionError:
+                pass
+        clean = rt.wait(lambda: all(self.procs[a].bye or self.procs[a].dead for a in members), self.cond,
+                        settings.shutdown_timeout)
         comm = rt.router.remove_island(island)
-        if comm is not None and clean:
+        whole = clean and not any(self.procs[a].dead for a in members)
+        if comm is not None and whole:
             with rt.router.lock:
                 comm.Disconnect()
         elif not clean:
-            self._kill([a for a in members if not self.procs[a].bye])
+            self._kill([a for a in members if not self.procs[a].bye and not self.procs[a].dead])
         return clean
 
     def _kill(self, addrs: list[Addr]) -> None:
@@ -169,13 +207,52 @@ class Controller:
     def _on_hello(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
         proc = self.procs[src]
         proc.host, proc.pid, proc.hello = frame[2], frame[3], True
+        if self.rt.liveness is not None:
+            self.rt.liveness.watch(src, proc.pid, proc.host)
         with self.cond:
             self.cond.notify_all()
 
     def _on_bye(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
         self.procs[src].bye = True
+        if self.rt.liveness is not None:
+            self.rt.liveness.forget(src)
         with self.cond:
             self.cond.notify_all()
+
+    # -- failures --------------------------------------------------------------
+
+    def on_dead(self, addr: Addr, cause: str) -> str:
+        """Bookkeeping for a dead worker; returns the report everyone gets."""
+        proc = self.procs.get(addr)
+        if proc is None:
+            return f"process {addr[0]}.{addr[1]} died: {cause}"
+        proc.dead = True
+        with self.lock:
+            if addr in self.free:
+                self.free.remove(addr)
+        if self.rt.liveness is not None:
+            self.rt.liveness.forget(addr)
+        with self.cond:
+            self.cond.notify_all()
+        return f"process {addr[0]}.{addr[1]} (pid {proc.pid}) on {proc.host} died: {cause}"
+
+    def live_addrs(self) -> list[Addr]:
+        """Workers that said hello and have neither left nor died."""
+        return [a for a, p in self.procs.items() if p.hello and not p.bye and not p.dead]
+
+    def unhandled(self, failure: Any) -> None:
+        """A failure reached the top: run ``mpimesh.unhandled_fault_hook`` off the progress path."""
+        self._supervisor.submit(self._run_hook, failure)
+
+    def _run_hook(self, failure: Any) -> None:
+        from .supervision import default_unhandled_fault_hook
+
+        hook = current_hook()
+        try:
+            hook(failure)
+        except BaseException as exc:
+            failure.cause += f"\n  unhandled_fault_hook raised {type(exc).__name__}: {exc}"
+            default_unhandled_fault_hook(failure)
 
     def _on_forward(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
         _, _, dest, data = frame
@@ -214,10 +291,6 @@ class Controller:
         self._service.submit(run)
         return fut
 
-    def _on_fault(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
-        _, _, key, rank, report = frame
-        print(f"mpimesh: an actor failed with no caller to tell:\n{report}", file=sys.stderr, flush=True)
-
     def on_ping(self, src: Addr, frame: tuple) -> None:
         pass
 
@@ -238,11 +311,15 @@ class Controller:
         clean = True
         for island in list(self.islands):
             clean &= self._close_island(island, code)
-        pool = [a for a, p in self.procs.items() if a[0] == 0 and not p.bye]
+        pool = [a for a, p in self.procs.items() if a[0] == 0 and not p.bye and not p.dead]
         for addr in pool:
-            rt.send(addr, (Kind.SHUTDOWN, None, code))
-        if not rt.wait(lambda: all(self.procs[a].bye for a in pool), self.cond, settings.shutdown_timeout):
-            stuck = [a[1] for a in pool if not self.procs[a].bye]
+            try:
+                rt.send(addr, (Kind.SHUTDOWN, None, code))
+            except ConnectionError:
+                pass
+        if not rt.wait(lambda: all(self.procs[a].bye or self.procs[a].dead for a in pool), self.cond,
+                       settings.shutdown_timeout):
+            stuck = [a[1] for a in pool if not self.procs[a].bye and not self.procs[a].dead]
             print(f"mpimesh: ranks {stuck} did not stop within {settings.shutdown_timeout:g} s; aborting the job",
                   file=sys.stderr, flush=True)
             clean = False
@@ -253,6 +330,8 @@ class Controller:
         rt.request_stop(code)
         self._thread.join(1.0)
         self._service.shutdown(wait=False, cancel_futures=True)
+        if rt.liveness is not None:
+            rt.liveness.close()
         return clean
 
     def shutdown_at_exit(self) -> None:

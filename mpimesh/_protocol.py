@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Kind", "TAG_FRAME", "TAG_DATA", "HANDLERS", "Status"]
+__all__ = ["CONTROLLER", "Kind", "TAG_FRAME", "TAG_DATA", "HANDLERS", "Status"]
+
+#: The controller's address ``(island, rank)``.
+CONTROLLER = (0, 0)
 
 #: Tag of pickled control frames.
 TAG_FRAME = 0x6D6D
@@ -47,8 +50,10 @@ class Kind(enum.IntEnum):
     PROCS = 10
     #: controller <-> worker liveness: (sequence, sent_time)
     PING = 11
-    #: worker -> controller: an actor failed with no caller to tell: (actor_key, report)
+    #: actor's process -> its spawner's process: the actor failed: (actor_key, rank, report)
     FAULT = 12
+    #: controller -> every process: a process has died: (addr, report)
+    DEAD = 13
 
 
 #: kind -> handler method name on the runtime.

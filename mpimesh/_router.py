@@ -20,15 +20,21 @@ from collections import deque
 from typing import Any, Callable, Sequence
 
 from ._mpi import MPI
-from ._protocol import TAG_DATA, TAG_FRAME, Kind
+from ._protocol import CONTROLLER, TAG_DATA, TAG_FRAME, Kind
 
 __all__ = ["Addr", "Router", "CONTROLLER"]
 
 Addr = tuple[int, int]
-#: The controller's address.
-CONTROLLER: Addr = (0, 0)
 
 Handler = Callable[[Addr, tuple, list], None]
+Failed = Callable[[list[Addr], str], None]
+
+# Error classes that mean "a peer process has failed" (ULFM).
+_FAILED_CLASSES = {
+    getattr(MPI, name)
+    for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+    if hasattr(MPI, name)
+}
 
 # Frames handled per poll before returning to the waiter loop, so that a flood
 # of incoming messages cannot starve the waiter's own check.
@@ -60,10 +66,11 @@ class Router:
             in arrival order, by the thread that polls.
     """
 
-    def __init__(self, addr: Addr, handler: Handler) -> None:
+    def __init__(self, addr: Addr, handler: Handler, failed: Failed | None = None) -> None:
         self.addr = addr
         self.lock = threading.Lock()
         self._handler = handler
+        self._failed = failed
         self._links: list[_Link] = []
         # island -> (link, whether the remote ranks are addressed directly)
         self._routes: dict[int, _Link] = {}
@@ -135,19 +142,31 @@ class Router:
 
     def _post(self, link: _Link, rank: int, data: bytes, buffers: Sequence[Any]) -> None:
         comm = link.comm
-        with self.lock:
-            req = comm.Isend([data, MPI.BYTE], rank, TAG_FRAME)
-            self._sends.append((req, data))
-            for buf in buffers:
-                view = memoryview(buf).cast("B")
-                self._sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf))
-            self.frames_out += 1
-            self._reap()
+        try:
+            with self.lock:
+                req = comm.Isend([data, MPI.BYTE], rank, TAG_FRAME)
+                self._sends.append((req, data))
+                for buf in buffers:
+                    view = memoryview(buf).cast("B")
+                    self._sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf))
+                self.frames_out += 1
+                self._reap()
+        except MPI.Exception as exc:
+            if exc.Get_error_class() not in _FAILED_CLASSES:
+                raise
+            raise ConnectionError(f"process {link.source(rank)} has failed: {exc.Get_error_string()}") from None
 
     def _reap(self) -> None:
         sends = self._sends
-        while sends and sends[0][0].Test():
+        while sends:
+            try:
+                if not sends[0][0].Test():
+                    return
+            except MPI.Exception as exc:
+                if exc.Get_error_class() not in _FAILED_CLASSES:
+                    raise
             sends.popleft()
+
 
     def pending_sends(self) -> int:
         """Sends not yet complete."""
@@ -160,6 +179,7 @@ class Router:
     def poll(self) -> int:
         """Receive what has arrived and dispatch it; returns the number of frames."""
         got: list[tuple[Addr, tuple, list[Any]]] = []
+        failures: list[tuple[list[Addr], str]] = []
         local = self._local
         while local and len(got) < _BATCH:
             src, data, buffers = local.popleft()
@@ -171,7 +191,13 @@ class Router:
             for link in self._links:
                 comm = link.comm
                 while len(got) < _BATCH:
-                    msg = comm.Improbe(MPI.ANY_SOURCE, TAG_FRAME, status)
+                    try:
+                        msg = comm.Improbe(MPI.ANY_SOURCE, TAG_FRAME, status)
+                    except MPI.Exception as exc:
+                        if exc.Get_error_class() not in _FAILED_CLASSES:
+                            raise
+                        failures.append(self._acknowledge(link, exc))
+                        break
                     if msg is None:
                         break
                     src = status.Get_source()
@@ -186,6 +212,9 @@ class Router:
                             comm.Recv([buf, MPI.BYTE], src, TAG_DATA)
                             buffers.append(buf)
                     got.append((link.source(src), frame, buffers))
+        if failures and self._failed is not None:
+            for addrs, text in failures:
+                self._failed(addrs, text)
         if not got:
             return 0
         handler = self._handler
@@ -194,3 +223,19 @@ class Router:
         self.frames_in += len(got)
         return len(got)
 
+    def _acknowledge(self, link: _Link, exc: MPI.Exception) -> tuple[list[Addr], str]:
+        # ULFM: a peer died.  Acknowledge it so that wildcard receives work
+        # again for the survivors, and say who it was.
+        comm = link.comm
+        text = exc.Get_error_string()
+        try:
+            comm.Ack_failed()
+            group = comm.Get_failed()
+            try:
+                local = comm.Get_group() if not comm.Is_inter() else comm.Get_remote_group()
+                ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), local)
+            finally:
+                group.Free()
+        except (MPI.Exception, NotImplementedError, AttributeError):
+            return [], text
+        return [link.source(r) for r in ranks if r is not None and r >= 0], text

@@ -15,11 +15,13 @@ import itertools
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import _serialize, future
+from . import _current, _serialize, future
 from ._actor_host import ActorHost
+from ._liveness import start_last_words
 from ._mpi import MPI, hostname
 from ._ports import PortTable
 from ._progress import Progress
@@ -27,9 +29,13 @@ from ._protocol import HANDLERS, Kind, Status
 from ._router import CONTROLLER, Addr, Router
 from .config import settings
 from .errors import MeshInternalError
+from .supervision import MeshFailure, current_hook
 
 if TYPE_CHECKING:
+    from ._actor_host import _Cell
     from ._controller import Controller
+    from ._liveness import Liveness
+    from .shape import Shape
 
 __all__ = ["Runtime", "current", "boot_controller", "debug"]
 
@@ -42,6 +48,23 @@ def debug(msg: str) -> None:
     if settings.debug:
         addr = _runtime.addr if _runtime is not None else "?"
         print(f"[mpimesh {addr}] {msg}", file=sys.stderr, flush=True)
+
+
+class Owned:
+    """An actor mesh this process spawned, kept to route its failures to its owner."""
+
+    __slots__ = ("name", "class_name", "addrs", "shape", "owner")
+
+    def __init__(self, name: str, class_name: str, addrs: tuple[Addr, ...], shape: Shape, owner: _Cell | None) -> None:
+        self.name = name
+        self.class_name = class_name
+        self.addrs = addrs
+        self.shape = shape
+        self.owner = owner
+
+    def failure(self, ranks: list[int], cause: str) -> MeshFailure:
+        coords = [self.shape.coordinates(r) for r in ranks]
+        return MeshFailure(self.name, ranks, cause, self.class_name, coords)
 
 
 class Runtime:
@@ -57,11 +80,17 @@ class Runtime:
         self.role = role
         self.host = hostname()
         self.pid = os.getpid()
-        self.router = Router(addr, self._dispatch)
-        self.progress = Progress(self.router.poll)
+        self.router = Router(addr, self._dispatch, self._mpi_failed)
+        self.progress = Progress(self._poll)
         self.ports = PortTable()
         self.actors = ActorHost(self)
         self.controller: Controller | None = None
+        self.liveness: Liveness | None = None
+        # addr -> report, for every process known dead
+        self.dead: dict[Addr, str] = {}
+        # actor meshes spawned from this process, by key
+        self.owned: dict[tuple[int, int, int], Owned] = {}
+        self._heard: dict[Addr, float] | None = None
         self.cond = threading.Condition()
         self.stopping = False
         self.exit_code = 0
@@ -89,9 +118,13 @@ class Runtime:
     def reply(self, port: tuple[Addr, int], index: int, status: int, value: Any) -> None:
         """Answer on ``port``: the value (OK), an error payload or a failure report.
 
+        A reply to a process that has died is dropped: nobody is left to read it.
+
         Raises:
             Exception: ``value`` cannot be pickled (the caller sends an error instead).
         """
+        if port[0] in self.dead:
+            return
         if status == Status.OK:
             body, buffers = _serialize.dumps(value)
         elif status == Status.ERROR:
@@ -99,11 +132,81 @@ class Runtime:
         else:
             body, buffers = str(value), []
         sizes = tuple(b.nbytes for b in buffers) or None
-        self.router.send(port[0], (Kind.REPLY, sizes, port[1], index, int(status), body), buffers)
+        try:
+            self.router.send(port[0], (Kind.REPLY, sizes, port[1], index, int(status), body), buffers)
+        except ConnectionError:
+            debug(f"reply to {port[0]} dropped: it has failed")
 
-    def fault(self, key: tuple, rank: int, report: str) -> None:
-        """Tell the controller that an actor failed with nobody to answer."""
-        self.router.send(CONTROLLER, (Kind.FAULT, None, key, rank, report))
+    def fault(self, key: tuple, rank: int, report: str, spawner: Addr) -> None:
+        """Tell the process that spawned an actor that the actor has failed."""
+        try:
+            self.router.send(spawner, (Kind.FAULT, None, key, rank, report))
+        except ConnectionError:
+            print(f"mpimesh: actor failure with its owner gone:\n{report}", file=sys.stderr, flush=True)
+
+    # -- failures ----------------------------------------------------------
+
+    def _poll(self) -> int:
+        handled = self.router.poll()
+        if self.liveness is not None:
+            self.liveness.check()
+        return handled
+
+    def _mpi_failed(self, addrs: list[Addr], text: str) -> None:
+        # ULFM reported dead peers.  The controller declares them dead for
+        # everyone; a worker fails what it waits for and hears the rest.
+        for addr in addrs:
+            if self.controller is not None:
+                self.declare_dead(addr, f"reported failed by MPI ({text})")
+            else:
+                self.apply_dead(addr, f"process {addr[0]}.{addr[1]} reported failed by MPI ({text})")
+
+    def declare_dead(self, addr: Addr, cause: str) -> None:
+        """On the controller: ``addr`` is dead; tell every process, fail its waits, supervise."""
+        if addr in self.dead or self.controller is None:
+            return
+        report = self.controller.on_dead(addr, cause)
+        for other in self.controller.live_addrs():
+            try:
+                self.router.send(other, (Kind.DEAD, None, addr, report))
+            except ConnectionError:
+                pass
+        self.apply_dead(addr, report)
+
+    def apply_dead(self, addr: Addr, report: str) -> None:
+        """``addr`` is dead: fail every wait on it and tell the owners of its actors."""
+        if addr in self.dead:
+            return
+        self.dead[addr] = report
+        if addr == CONTROLLER:
+            return
+        self.ports.fail_source(addr, report)
+        for owned in list(self.owned.values()):
+            ranks = [r for r, a in enumerate(owned.addrs) if a == addr]
+            if ranks:
+                self.supervise(owned.owner, owned.failure(ranks, report))
+
+    def supervise(self, owner: _Cell | None, failure: MeshFailure) -> None:
+        """Deliver ``failure`` to the owner actor, or to the fault hook at the top."""
+        if owner is not None:
+            owner.put(("supervise", failure, None))
+            return
+        if self.controller is None:
+            print(f"mpimesh: failure with no owner in worker {self.addr}:\n{failure.report()}",
+                  file=sys.stderr, flush=True)
+            return
+        self.controller.unhandled(failure)
+
+    def _on_fault(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        _, _, key, rank, report = frame
+        owned = self.owned.get(key)
+        if owned is None:
+            print(f"mpimesh: failure of an actor whose mesh is gone:\n{report}", file=sys.stderr, flush=True)
+            return
+        self.supervise(owned.owner, owned.failure([rank], report))
+
+    def _on_dead(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        self.apply_dead(frame[2], frame[3])
 
     def request_stop(self, code: int) -> None:
         """Make the background loop return (workers: leave the serve loop)."""
@@ -115,6 +218,9 @@ class Runtime:
     # -- dispatch ----------------------------------------------------------
 
     def _dispatch(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        heard = self._heard
+        if heard is not None and src in heard:
+            heard[src] = time.monotonic()
         try:
             self._handlers[frame[0]](src, frame, buffers)
         except Exception:
@@ -161,7 +267,7 @@ class Runtime:
             raise MeshInternalError(f"{Kind(frame[0]).name} frame from {src} reached worker {self.addr}")
         getattr(self.controller, HANDLERS[Kind(frame[0])])(src, frame, buffers)
 
-    _on_hello = _on_bye = _on_forward = _on_procs = _on_fault = _controller_only
+    _on_hello = _on_bye = _on_forward = _on_procs = _controller_only
 
 
 def current() -> Runtime:
@@ -191,6 +297,7 @@ def current() -> Runtime:
 def _install(rt: Runtime) -> None:
     global _runtime
     _runtime = rt
+    _current.runtime = rt
     future._driver = rt.wait
 
 
@@ -222,6 +329,7 @@ def boot_pool(world: MPI.Intracomm) -> Runtime:
     rt.router.set_relay(0)
     infos = comm.allgather((rt.host, rt.pid))
     rt.controller_host, rt.controller_pid = infos[0]
+    start_last_words(rt.controller_pid, rt.addr)
     path = comm.bcast(None, root=0)
     for entry in reversed(path):
         if entry not in sys.path:
@@ -243,5 +351,6 @@ def boot_spawned(island: int) -> Runtime:
     _install(rt)
     if not rt.wait(lambda: rt.initialized, rt.cond, settings.spawn_timeout):  # type: ignore[attr-defined]
         raise TimeoutError(f"spawned worker {rt.addr} got no INIT from the controller in {settings.spawn_timeout:g} s")
+    start_last_words(rt.controller_pid, rt.addr)
     rt.router.send(CONTROLLER, (Kind.HELLO, None, rt.host, rt.pid))
     return rt

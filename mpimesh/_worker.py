@@ -9,11 +9,13 @@ died exits on its own: no rank outlives the controller.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
 
 from . import _runtime
+from ._liveness import stop_last_words
 from ._mpi import MPI
 from ._protocol import Kind
 from ._router import CONTROLLER
@@ -47,6 +49,7 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
             os._exit(1)
     cells = rt.actors.stop_all("job shutdown", lambda: None)
     stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
+    stop_last_words(rt.controller_pid, rt.addr)
     rt.router.send(CONTROLLER, (Kind.BYE, None, len(stuck)))
     deadline = time.monotonic() + 2.0
     while rt.router.pending_sends() and time.monotonic() < deadline:
@@ -68,8 +71,15 @@ def _finish(code: int) -> int:
         os._exit(code)
 
 
+def _ignore_interrupts() -> None:
+    # Ctrl-C at the terminal reaches every rank; the controller decides what
+    # happens (it stops the workers), so a worker must not die of it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main_pool(world: MPI.Intracomm) -> int:
     """Entry of ranks 1..N-1 of the launch world."""
+    _ignore_interrupts()
     try:
         rt = _runtime.boot_pool(world)
         code = serve(rt)
@@ -81,6 +91,7 @@ def main_pool(world: MPI.Intracomm) -> int:
 
 def main_spawned(island: int) -> int:
     """Entry of a process created with ``MPI_Comm_spawn``."""
+    _ignore_interrupts()
     try:
         rt = _runtime.boot_spawned(island)
         code = serve(rt, spawned=True)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
-from . import _runtime, _serialize
+from . import _current, _serialize
 from ._ports import Gather, OneReply, Receiver, Stream
 from ._protocol import Kind
 from .actor import EndpointInfo
+from .errors import SupervisionError
 from .future import Future
 from .shape import MeshTrait, Shape
 from .value_mesh import ValueMesh
@@ -101,7 +102,8 @@ class Endpoint(Generic[R]):
     def _one(self, rank: int, adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
         what = f"{self._mesh._name}.{self._info.name}"
         fut: Future[R] = Future(f"{what}.{adverb}()")
-        self._send(args, kwargs, [rank], lambda addrs: OneReply(fut, what, addrs[0]))
+        shape = self._mesh._shape
+        self._send(args, kwargs, [rank], lambda addrs: OneReply(fut, what, addrs[0], (shape, rank)))
         return fut
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
@@ -214,7 +216,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         if self._stopped:
             return Future.completed(None, f"{self._name}.stop()")
         self._stopped = True
-        rt = _runtime.current()
+        rt = _current.current()
+        rt.owned.pop(self._key, None)
         fut: Future[None] = Future(f"{self._name}.stop()")
         shape = self._shape
         addrs = [self._addrs[i] for i in shape.ranks()]
@@ -233,7 +236,15 @@ class ActorMesh(MeshTrait, Generic[T]):
     ) -> None:
         if self._stopped:
             raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
-        rt = _runtime.current()
+        rt = _current.current()
+        shape = self._shape
+        base = self._addrs
+        addrs = [base[shape.base_index(r)] for r in ranks]
+        dead = rt.dead
+        if dead and receiver is None:
+            for addr in addrs:
+                if addr in dead:
+                    raise SupervisionError(f"cannot broadcast {self._name}.{method}(): {dead[addr]}", endpoint=method)
         try:
             body, buffers = _serialize.dumps((args, kwargs))
         except Exception as exc:
@@ -241,17 +252,28 @@ class ActorMesh(MeshTrait, Generic[T]):
                 f"cannot pickle the arguments of {self._name}.{method}(): {exc}; "
                 "pass data that pickles (not locks, sockets or open files)"
             ) from exc
-        shape = self._shape
-        base = self._addrs
-        addrs = [base[shape.base_index(r)] for r in ranks]
         port = None
+        waiting: Receiver | None = None
         if receiver is not None:
-            port = (rt.addr, rt.ports.open(receiver(addrs)))
+            waiting = receiver(addrs)
+            port = (rt.addr, rt.ports.open(waiting))
         sizes = tuple(b.nbytes for b in buffers) or None
         labels, dims = shape.labels, shape.sizes
         send = rt.router.send
         for rank, addr in zip(ranks, addrs):
-            send(addr, (Kind.CALL, sizes, self._key, method, body, port, (rank, labels, dims)), buffers)
+            if dead and addr in dead:
+                # A known-dead target fails at once; the rest go ahead.
+                assert waiting is not None and port is not None
+                if waiting.fail(addr, dead[addr]):
+                    rt.ports.close(port[1])
+                continue
+            try:
+                send(addr, (Kind.CALL, sizes, self._key, method, body, port, (rank, labels, dims)), buffers)
+            except ConnectionError as exc:
+                if waiting is None or port is None:
+                    raise SupervisionError(f"cannot broadcast {self._name}.{method}(): {exc}", endpoint=method) from None
+                if waiting.fail(addr, str(exc)):
+                    rt.ports.close(port[1])
 
 
 def _rebuild(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from . import _runtime, _serialize
+from . import _current, _serialize
 from ._ports import Queue
 from ._protocol import Status
 from .future import Future
@@ -39,13 +39,13 @@ class Port(Generic[R]):
             TypeError: ``obj`` cannot be pickled.
         """
         try:
-            _runtime.current().reply(self._port, self._index, Status.OK, obj)
+            _current.current().reply(self._port, self._index, Status.OK, obj)
         except Exception as exc:
             raise TypeError(f"cannot send {_serialize.describe(obj)} on {self!r}: {exc}; send data that pickles") from exc
 
     def exception(self, exc: Exception) -> None:
         """Make the receiver's next ``recv()`` raise ``exc`` (as an ActorError)."""
-        rt = _runtime.current()
+        rt = _current.current()
         payload = _serialize.error_payload(exc, f"### port sender on {rt.host}", -1, {}, rt.host)
         rt.reply(self._port, self._index, Status.ERROR, payload)
 
@@ -87,7 +87,7 @@ class Channel(Generic[R]):
 
     @staticmethod
     def _open(once: bool, ranked: bool) -> tuple[Port[Any], PortReceiver[Any]]:
-        rt = _runtime.current()
+        rt = _current.current()
         queue = Queue("Channel", once=once, ranked=ranked)
         port: Port[Any] = Port((rt.addr, rt.ports.open(queue)))
         return port, PortReceiver(queue, port)

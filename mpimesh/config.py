@@ -38,6 +38,9 @@ class Config:
             (``MPIMESH_CLEANUP_TIMEOUT``).
         spawn_timeout: Seconds to wait for spawned workers to say hello
             (``MPIMESH_SPAWN_TIMEOUT``).
+        heartbeat_timeout: Seconds of silence after which the controller
+            declares a worker dead (``MPIMESH_HEARTBEAT_TIMEOUT``); same-host
+            deaths are seen at once, without waiting for this.
         oob_threshold: Buffers of at least this many bytes inside arguments
             and results travel as raw MPI messages (``MPIMESH_OOB_THRESHOLD``).
         debug: Trace lines tagged ``[rank N]`` on stderr (``MPIMESH_DEBUG``).
@@ -49,6 +52,7 @@ class Config:
     shutdown_timeout: float = 10.0
     cleanup_timeout: float = 3.0
     spawn_timeout: float = 60.0
+    heartbeat_timeout: float = 10.0
     oob_threshold: int = 65536
     debug: bool = False
 
@@ -90,6 +94,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         shutdown_timeout=_number(env, "MPIMESH_SHUTDOWN_TIMEOUT", Config.shutdown_timeout, minimum=0.1),
         cleanup_timeout=_number(env, "MPIMESH_CLEANUP_TIMEOUT", Config.cleanup_timeout),
         spawn_timeout=_number(env, "MPIMESH_SPAWN_TIMEOUT", Config.spawn_timeout, minimum=0.1),
+        heartbeat_timeout=_number(env, "MPIMESH_HEARTBEAT_TIMEOUT", Config.heartbeat_timeout, minimum=0.1),
         oob_threshold=int(_number(env, "MPIMESH_OOB_THRESHOLD", Config.oob_threshold)),
         debug=(_get(env, "MPIMESH_DEBUG") or "0") not in ("", "0", "false", "no"),
     )

