@@ -362,6 +362,10 @@ class ActorHost:
         # spawner): held until the actor exists.
         self.parked: dict[tuple, list[tuple]] = {}
         self.tombstones: dict[tuple, str] = {}
+        # Every actor thread ever started: the process must not finalize MPI
+        # while one of them is still on its way out (MPICH keeps per-thread
+        # state and hangs in MPI_Finalize otherwise).
+        self.threads: list[threading.Thread] = []
 
     def on_spawn(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
         _, _, key, name, point, is_async, body, port, (creator, spawner), path = frame
@@ -375,6 +379,8 @@ class ActorHost:
         cell.put(("init", body, buffers, port))
         for item in parked:
             cell.put(item)
+        self.threads = [t for t in self.threads if t.is_alive()]
+        self.threads.append(cell.thread)
         cell.thread.start()
 
     def on_call(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
@@ -441,3 +447,10 @@ class ActorHost:
         for cell in cells:
             cell.finished.wait(max(0.0, deadline - time.monotonic()))
         return [c for c in cells if not c.finished.is_set()]
+
+    def join_threads(self, timeout: float) -> int:
+        """Wait (bounded) until every actor thread has exited; returns how many still run."""
+        deadline = time.monotonic() + timeout
+        for thread in list(self.threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return sum(t.is_alive() for t in self.threads)

@@ -39,8 +39,9 @@ __all__ = ["Liveness", "last_words_path", "start_last_words", "job_dir"]
 
 Addr = tuple[int, int]
 
-# A worker silent for this long gets a PING.
-_PING_AFTER = 0.5
+# A worker silent for a quarter of the heartbeat timeout (at most this long)
+# gets a PING.
+_PING_AFTER = 2.0
 
 _last_words: IO[str] | None = None
 
@@ -87,6 +88,7 @@ class Liveness:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self.timeout = settings.heartbeat_timeout
+        self.ping_after = min(_PING_AFTER, self.timeout / 4)
         self._poller = select.poll()
         self._fds: dict[int, Addr] = {}
         self._by_addr: dict[Addr, int] = {}
@@ -136,7 +138,7 @@ class Liveness:
         now = time.monotonic()
         if now < self._next_heartbeat:
             return
-        self._next_heartbeat = now + _PING_AFTER / 2
+        self._next_heartbeat = now + self.ping_after / 2
         for addr, heard in list(self.last_heard.items()):
             silent = now - heard
             if silent > self.timeout:
@@ -144,7 +146,7 @@ class Liveness:
                 self.rt.declare_dead(
                     addr, f"stopped answering: silent for {silent:.1f} s (MPIMESH_HEARTBEAT_TIMEOUT={self.timeout:g})"
                 )
-            elif silent > _PING_AFTER:
+            elif silent > self.ping_after:
                 self._ping += 1
                 try:
                     self.rt.send(addr, (Kind.PING, None, self._ping))

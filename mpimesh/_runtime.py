@@ -91,6 +91,7 @@ class Runtime:
         # actor meshes spawned from this process, by key
         self.owned: dict[tuple[int, int, int], Owned] = {}
         self._heard: dict[Addr, float] | None = None
+        self._pings = 0
         self.cond = threading.Condition()
         self.stopping = False
         self.exit_code = 0
@@ -147,10 +148,13 @@ class Runtime:
     # -- failures ----------------------------------------------------------
 
     def _poll(self) -> int:
+        # Heartbeats do not count as traffic: they must not keep an idle
+        # process out of its deep back-off.
+        pings = self._pings
         handled = self.router.poll()
         if self.liveness is not None:
             self.liveness.check()
-        return handled
+        return handled - (self._pings - pings)
 
     def _mpi_failed(self, addrs: list[Addr], text: str) -> None:
         # ULFM reported dead peers.  The controller declares them dead for
@@ -257,6 +261,7 @@ class Runtime:
             self.cond.notify_all()
 
     def _on_ping(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        self._pings += 1
         if self.controller is not None:
             self.controller.on_ping(src, frame)
         else:

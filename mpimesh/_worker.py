@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -49,6 +50,8 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
             os._exit(1)
     cells = rt.actors.stop_all("job shutdown", lambda: None)
     stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
+    if not stuck:
+        rt.actors.join_threads(1.0)
     stop_last_words(rt.controller_pid, rt.addr)
     rt.router.send(CONTROLLER, (Kind.BYE, None, len(stuck)))
     deadline = time.monotonic() + 2.0
@@ -68,7 +71,14 @@ def _finish(code: int) -> int:
     try:
         MPI.Finalize()
     finally:
-        os._exit(code)
+        # Leave through the interpreter's normal exit: MPICH's Hydra kills the
+        # whole job when a rank ends with _exit() after MPI_Finalize (its exit
+        # handlers must run).  A watchdog covers an interpreter shutdown that
+        # hangs on a thread stuck in C code.
+        watchdog = threading.Timer(5.0, os._exit, args=(code,))
+        watchdog.daemon = True
+        watchdog.start()
+    return code
 
 
 def _ignore_interrupts() -> None:

@@ -29,6 +29,8 @@ class Config:
         idle_sleep_us: Longest sleep between two polls of an idle rank
             (``MPIMESH_IDLE_SLEEP_US``).  Bounds both the idle CPU cost and
             the latency of the first message after an idle period.
+        deep_sleep_us: Longest sleep between two polls of a rank that has
+            seen no traffic for half a second (``MPIMESH_DEEP_SLEEP_US``).
         leader_idle_ms: A thread waiting on its own event stops polling MPI
             after this long without traffic and leaves polling to the
             background thread (``MPIMESH_LEADER_IDLE_MS``).
@@ -48,6 +50,7 @@ class Config:
 
     spin_us: float = 2000.0
     idle_sleep_us: float = 1000.0
+    deep_sleep_us: float = 8000.0
     leader_idle_ms: float = 10.0
     shutdown_timeout: float = 10.0
     cleanup_timeout: float = 3.0
@@ -90,6 +93,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
     return Config(
         spin_us=_number(env, "MPIMESH_SPIN_US", Config.spin_us),
         idle_sleep_us=_number(env, "MPIMESH_IDLE_SLEEP_US", Config.idle_sleep_us, minimum=1.0),
+        deep_sleep_us=_number(env, "MPIMESH_DEEP_SLEEP_US", Config.deep_sleep_us, minimum=1.0),
         leader_idle_ms=_number(env, "MPIMESH_LEADER_IDLE_MS", Config.leader_idle_ms),
         shutdown_timeout=_number(env, "MPIMESH_SHUTDOWN_TIMEOUT", Config.shutdown_timeout, minimum=0.1),
         cleanup_timeout=_number(env, "MPIMESH_CLEANUP_TIMEOUT", Config.cleanup_timeout),

@@ -1,0 +1,105 @@
+"""Raw mpi4py baselines: the controller half and the worker half.
+
+Inside an mpimesh job the worker half runs in an actor endpoint
+(:class:`_actors.Bench`), on ``MPI.COMM_WORLD`` with tag ``_common.TAG``,
+which mpimesh never uses.  The controller half runs on rank 0's main thread
+while the endpoint call is pending.
+
+Run standalone (``mpiexec -n K python benchmarks/_raw.py KIND ROUNDS``) it is
+the same exchange in a pure mpi4py job, for scripts whose mpimesh workers were
+spawned and so share no ``COMM_WORLD`` with the controller.
+
+Messages are small pickled tuples, sent with lowercase ``send``/``recv``
+(mpi4py's pickle path), as the peers' "mpi4py raw" figures were.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Sequence
+
+from _common import TAG
+
+__all__ = ["echo", "fanout", "pipelined", "block"]
+
+
+def echo(comm, rounds: int, tag: int = TAG) -> int:
+    """Worker half: ``rounds`` times, receive a tuple from rank 0 and send it back."""
+    for _ in range(rounds):
+        msg = comm.recv(source=0, tag=tag)
+        comm.send(msg, dest=0, tag=tag)
+    return rounds
+
+
+def fanout(comm, dests: Sequence[int], rounds: int, tag: int = TAG) -> tuple[list[int], float]:
+    """Controller half of a ping-pong with every rank of ``dests`` per round.
+
+    Returns:
+        Per-round wall times in ns, and process CPU seconds for all rounds.
+    """
+    out: list[int] = []
+    clock = time.perf_counter_ns
+    cpu0 = time.process_time()
+    for i in range(rounds):
+        t0 = clock()
+        for d in dests:
+            comm.send((0, i), dest=d, tag=tag)
+        for d in dests:
+            comm.recv(source=d, tag=tag)
+        out.append(clock() - t0)
+    return out, time.process_time() - cpu0
+
+
+def pipelined(comm, dest: int, n: int, tag: int = TAG) -> float:
+    """Controller half of B3's baseline: one sync round, then ``n`` ``isend``s, then ``n`` acks.
+
+    The worker half is :func:`echo` with ``n + 1`` rounds.
+
+    Returns:
+        Seconds from the first ``isend`` to the last ack.
+    """
+    from mpi4py import MPI
+
+    comm.send((0, -1), dest=dest, tag=tag)
+    comm.recv(source=dest, tag=tag)
+    t0 = time.perf_counter()
+    reqs = [comm.isend((0, i), dest=dest, tag=tag) for i in range(n)]
+    for _ in range(n):
+        comm.recv(source=dest, tag=tag)
+    MPI.Request.waitall(reqs)
+    return time.perf_counter() - t0
+
+
+def block(comm, tag: int = TAG + 1) -> int:
+    """Worker half of B8's baseline: sit in a blocking ``recv`` until rank 0 sends."""
+    comm.recv(source=0, tag=tag)
+    return 0
+
+
+def _main(argv: list[str]) -> int:
+    from mpi4py import MPI
+
+    kind, rounds = argv[0], int(argv[1])
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if kind == "pipelined":
+        if rank == 0:
+            secs = pipelined(comm, 1, rounds)
+            print(json.dumps({"kind": kind, "n": rounds, "seconds": secs}), flush=True)
+        elif rank == 1:
+            echo(comm, rounds + 1)
+        return 0
+    if kind == "fanout":
+        if rank == 0:
+            times, cpu = fanout(comm, list(range(1, size)), rounds)
+            print(json.dumps({"kind": kind, "ns": times, "cpu_s": cpu}), flush=True)
+        else:
+            echo(comm, rounds)
+        return 0
+    raise SystemExit(f"expecting kind 'fanout' or 'pipelined', got {kind!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
