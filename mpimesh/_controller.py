@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _serialize
+from ._logs import Printer
 from ._mpi import MPI
 from ._ports import Gather
 from ._protocol import Kind, Status
@@ -69,6 +70,7 @@ class Controller:
         self._closed = False
         self.failed_exit = False
         self._supervisor = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-supervisor")
+        self.printer = Printer(settings.log_fold)
 
     def start(self) -> None:
         """Start watching the pool and the background progress thread."""
@@ -88,6 +90,8 @@ class Controller:
             if rt.liveness is not None and not self._closed:
                 with rt.progress.holding():
                     rt.liveness.heartbeat()
+            if self.printer.fold > 0:
+                self.printer.flush(due_only=True)
 
     # -- allocation ------------------------------------------------------------
 
@@ -130,8 +134,15 @@ class Controller:
         rt.router.add_island(inter, island)
         for addr in addrs:
             rt.send(addr, (Kind.INIT, None, island, rt.host, rt.pid, list(sys.path)))
-        if not rt.wait(lambda: all(self.procs[a].hello or self.procs[a].dead for a in addrs), self.cond,
-                       settings.spawn_timeout):
+        started = lambda: all(self.procs[a].hello or self.procs[a].dead for a in addrs)  # noqa: E731
+        deadline = time.monotonic() + settings.spawn_timeout
+        while not rt.wait(started, self.cond, max(0.0, min(settings.show_waits or 1e9, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                break
+            ready = sum(self.procs[a].hello for a in addrs)
+            print(f"mpimesh: spawning {n} processes: {ready} ready after "
+                  f"{settings.spawn_timeout - (deadline - time.monotonic()):.0f} s", file=sys.stderr, flush=True)
+        if not started():
             missing = [a for a in addrs if not self.procs[a].hello]
             raise TimeoutError(
                 f"spawned processes {missing} did not start within {settings.spawn_timeout:g} s; "
@@ -254,6 +265,9 @@ class Controller:
             failure.cause += f"\n  unhandled_fault_hook raised {type(exc).__name__}: {exc}"
             default_unhandled_fault_hook(failure)
 
+    def _on_log(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+        self.printer.on_log(frame[2], frame[3])
+
     def _on_forward(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
         _, _, dest, data = frame
         self.rt.router.send_raw(dest, data, buffers)
@@ -327,6 +341,7 @@ class Controller:
         while rt.router.pending_sends() and time.monotonic() < deadline:
             rt.progress.poll_once()
             time.sleep(1e-4)
+        self.printer.flush()
         rt.request_stop(code)
         self._thread.join(1.0)
         self._service.shutdown(wait=False, cancel_futures=True)

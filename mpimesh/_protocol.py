@@ -54,6 +54,8 @@ class Kind(enum.IntEnum):
     FAULT = 12
     #: controller -> every process: a process has died: (addr, report)
     DEAD = 13
+    #: worker -> controller: output lines: (stream 1|2, [(label, text), ...])
+    LOG = 14
 
 
 #: kind -> handler method name on the runtime.

@@ -92,6 +92,8 @@ class Runtime:
         self.owned: dict[tuple[int, int, int], Owned] = {}
         self._heard: dict[Addr, float] | None = None
         self._pings = 0
+        # stdout/stderr forwarders of a worker (see _logs)
+        self.forwarders: list[Any] = []
         self.cond = threading.Condition()
         self.stopping = False
         self.exit_code = 0
@@ -152,6 +154,8 @@ class Runtime:
         # process out of its deep back-off.
         pings = self._pings
         handled = self.router.poll()
+        for forwarder in self.forwarders:
+            forwarder.drain()
         if self.liveness is not None:
             self.liveness.check()
         return handled - (self._pings - pings)
@@ -272,7 +276,7 @@ class Runtime:
             raise MeshInternalError(f"{Kind(frame[0]).name} frame from {src} reached worker {self.addr}")
         getattr(self.controller, HANDLERS[Kind(frame[0])])(src, frame, buffers)
 
-    _on_hello = _on_bye = _on_forward = _on_procs = _controller_only
+    _on_hello = _on_bye = _on_forward = _on_procs = _on_log = _controller_only
 
 
 def current() -> Runtime:

@@ -17,6 +17,7 @@ import traceback
 
 from . import _runtime
 from ._liveness import stop_last_words
+from ._logs import drain_all, install_forwarders
 from ._mpi import MPI
 from ._protocol import Kind
 from ._router import CONTROLLER
@@ -42,6 +43,7 @@ def _controller_alive(rt: _runtime.Runtime) -> bool:
 
 def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
     """Serve actors until the controller says SHUTDOWN; returns the exit status."""
+    rt.forwarders = install_forwarders(rt)
     while not rt.stopping:
         rt.progress.wait(lambda: rt.stopping, rt.cond, _WATCH_PERIOD, background=True)
         if not rt.stopping and not _controller_alive(rt):
@@ -53,6 +55,7 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
     if not stuck:
         rt.actors.join_threads(1.0)
     stop_last_words(rt.controller_pid, rt.addr)
+    drain_all(rt.forwarders)
     rt.router.send(CONTROLLER, (Kind.BYE, None, len(stuck)))
     deadline = time.monotonic() + 2.0
     while rt.router.pending_sends() and time.monotonic() < deadline:

@@ -45,6 +45,12 @@ class Config:
             deaths are seen at once, without waiting for this.
         oob_threshold: Buffers of at least this many bytes inside arguments
             and results travel as raw MPI messages (``MPIMESH_OOB_THRESHOLD``).
+        log_forward: Workers' Python output goes to the controller, prefixed
+            with actor and rank (``MPIMESH_LOG_FORWARD``, default on).
+        log_fold: Seconds the controller holds forwarded lines to print
+            identical lines from many ranks once (``MPIMESH_LOG_FOLD``, 0: off).
+        show_waits: Print a progress line for waits (``get()``, spawning)
+            longer than this many seconds (``MPIMESH_SHOW_WAITS``, 0: off).
         debug: Trace lines tagged ``[rank N]`` on stderr (``MPIMESH_DEBUG``).
     """
 
@@ -57,6 +63,9 @@ class Config:
     spawn_timeout: float = 60.0
     heartbeat_timeout: float = 10.0
     oob_threshold: int = 65536
+    log_forward: bool = True
+    log_fold: float = 0.0
+    show_waits: float = 0.0
     debug: bool = False
 
 
@@ -100,6 +109,9 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         spawn_timeout=_number(env, "MPIMESH_SPAWN_TIMEOUT", Config.spawn_timeout, minimum=0.1),
         heartbeat_timeout=_number(env, "MPIMESH_HEARTBEAT_TIMEOUT", Config.heartbeat_timeout, minimum=0.1),
         oob_threshold=int(_number(env, "MPIMESH_OOB_THRESHOLD", Config.oob_threshold)),
+        log_forward=(_get(env, "MPIMESH_LOG_FORWARD") or "1") not in ("0", "false", "no"),
+        log_fold=_number(env, "MPIMESH_LOG_FOLD", Config.log_fold),
+        show_waits=_number(env, "MPIMESH_SHOW_WAITS", Config.show_waits),
         debug=(_get(env, "MPIMESH_DEBUG") or "0") not in ("", "0", "false", "no"),
     )
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import threading
+import time
 from typing import Any, Callable, Generator, Generic, TypeVar
+
+from .config import settings
 
 __all__ = ["Future"]
 
@@ -44,13 +48,30 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
             return
         driver = _driver
         if driver is None:
-            ok = concurrent.futures.wait([self], timeout).done
+            ok = bool(concurrent.futures.wait([self], timeout).done)
+        elif settings.show_waits > 0:
+            ok = self._wait_showing(driver, timeout, settings.show_waits)
         else:
             ok = driver(self.done, self._condition, timeout)  # type: ignore[attr-defined]
         if not ok:
             raise TimeoutError(
                 f"{self!r} not done after {timeout:g} s; call get() again to keep waiting, or raise the timeout"
             )
+
+    def _wait_showing(self, driver: Callable[..., bool], timeout: float | None, every: float) -> bool:
+        # MPIMESH_SHOW_WAITS: say on stderr what a long wait is waiting for.
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        while True:
+            now = time.monotonic()
+            chunk = every if deadline is None else min(every, deadline - now)
+            if driver(self.done, self._condition, max(0.0, chunk)):  # type: ignore[attr-defined]
+                return True
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            print(f"mpimesh: still waiting for {self._what or 'a future'} after {now - start:.0f} s",
+                  file=sys.stderr, flush=True)
 
     def get(self, timeout: float | None = None) -> R:
         """Block until the value is ready and return it.
