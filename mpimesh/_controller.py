@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _serialize
 from ._logs import Printer
-from ._mpi import MPI
+from ._mpi import MPI, fault_tolerant
 from ._ports import Gather
 from ._protocol import Kind, Status
 from .config import settings
@@ -71,6 +71,7 @@ class Controller:
         self.failed_exit = False
         self._supervisor = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-supervisor")
         self.printer = Printer(settings.log_fold)
+        self.fault_tolerant = fault_tolerant()
 
     def start(self) -> None:
         """Start watching the pool and the background progress thread."""
@@ -246,6 +247,25 @@ class Controller:
         with self.cond:
             self.cond.notify_all()
         return f"process {addr[0]}.{addr[1]} (pid {proc.pid}) on {proc.host} died: {cause}"
+
+    def fatal(self, report: str) -> None:
+        """A process died in a job that cannot survive it: end the job now, with the report."""
+
+        def end() -> None:
+            print(
+                f"mpimesh: {report}\nmpimesh: this MPI job cannot outlive a dead process (MPICH, or Open MPI "
+                "without fault tolerance), so it ends now; launch with `mpimesh run -n N script.py` (Open MPI: "
+                "adds --with-ft ulfm) to keep the survivors",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                self.shutdown(1)
+            finally:
+                sys.stdout.flush()
+                MPI.COMM_WORLD.Abort(1)
+
+        self._supervisor.submit(end)
 
     def live_addrs(self) -> list[Addr]:
         """Workers that said hello and have neither left nor died."""

@@ -39,9 +39,14 @@ def _environment_defaults() -> None:
         os.environ.setdefault("OPAL_PREFIX", sys.prefix)
         # Its libfabric BTL adds ~1 s to every MPI_Init and spawn.
         os.environ.setdefault("OMPI_MCA_btl", "^ofi")
-        # A dead peer becomes an MPI error instead of aborting this process
-        # (a spawned worker's death otherwise kills the controller).
-        os.environ.setdefault("OMPI_MCA_mpi_ft_enable", "true")
+        # A singleton controller (no launcher): a dead spawned worker must
+        # become an MPI error instead of aborting this process; its children
+        # inherit the setting.  Under a launcher it is the launcher's call:
+        # `mpiexec --with-ft ulfm` turns it on everywhere, and turning it on
+        # behind a plain mpiexec's back makes its abort of the job hang.
+        launched = any(v in os.environ for v in ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK"))
+        if not launched:
+            os.environ.setdefault("OMPI_MCA_mpi_ft_enable", "true")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # Containers and CI run as root; Open MPI refuses unless told.
         for name in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
@@ -90,3 +95,15 @@ def parent() -> MPI.Intercomm | None:
 def pid() -> int:
     """This process's id."""
     return os.getpid()
+
+
+def fault_tolerant() -> bool:
+    """Whether survivors can go on after a process of this job dies.
+
+    True for Open MPI with ``mpi_ft_enable`` (``mpiexec --with-ft ulfm``, or
+    a singleton controller, which mpimesh sets up that way).  MPICH and a plain
+    ``mpiexec`` end or wedge the job when a rank dies.
+    """
+    if not library().startswith("Open MPI"):
+        return False
+    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on")

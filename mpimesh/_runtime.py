@@ -180,6 +180,8 @@ class Runtime:
             except ConnectionError:
                 pass
         self.apply_dead(addr, report)
+        if not self.controller.fault_tolerant:
+            self.controller.fatal(report)
 
     def apply_dead(self, addr: Addr, report: str) -> None:
         """``addr`` is dead: fail every wait on it and tell the owners of its actors."""
