@@ -13,7 +13,6 @@ the controller.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import sys
 import threading
@@ -27,6 +26,8 @@ from .context import Context, Instance, _current
 from .shape import Extent, Point
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ._runtime import Runtime
 
 __all__ = ["ActorHost"]
@@ -69,6 +70,8 @@ class _Cell:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         if is_async:
+            import asyncio  # only async actors pay for it
+
             self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._main, name=f"mpimesh-actor-{self.actor_id}", daemon=True)
         self.finished = threading.Event()
@@ -107,6 +110,8 @@ class _Cell:
                     if not self._handle(self.mailbox.popleft()):
                         break
             else:
+                import asyncio
+
                 asyncio.set_event_loop(self.loop)
                 self.loop.run_until_complete(self._amain())
         except BaseException as exc:  # last resort: never let the thread die silently
@@ -118,6 +123,8 @@ class _Cell:
                 self.loop.close()
 
     async def _amain(self) -> None:
+        import asyncio
+
         self._wake = asyncio.Event()
         while True:
             while not self.mailbox:

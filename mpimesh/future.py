@@ -9,14 +9,16 @@ that very thread.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import sys
 import threading
 import time
-from typing import Any, Callable, Generator, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, TypeVar
 
 from .config import settings
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Future"]
 
@@ -101,10 +103,14 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         return super().exception(0)
 
     def __await__(self) -> Generator[Any, None, R]:
+        import asyncio  # lazily: 30 ms of start-up for scripts that never await
+
         return asyncio.wrap_future(self).__await__()  # type: ignore[return-value]
 
     def as_asyncio(self) -> asyncio.Future[R]:
         """This future as an :class:`asyncio.Future` of the running loop (repeatable)."""
+        import asyncio
+
         return asyncio.wrap_future(self)
 
     @classmethod
