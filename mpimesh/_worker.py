@@ -18,7 +18,7 @@ import traceback
 from . import _runtime
 from ._liveness import stop_last_words
 from ._logs import drain_all, install_forwarders
-from ._mpi import MPI
+from ._mpi import MPI, library
 from ._protocol import Kind
 from ._router import CONTROLLER
 from .config import settings
@@ -71,13 +71,16 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
 def _finish(code: int) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
+    mpich = not library().startswith("Open MPI")
     try:
         MPI.Finalize()
     finally:
-        # Leave through the interpreter's normal exit: MPICH's Hydra kills the
-        # whole job when a rank ends with _exit() after MPI_Finalize (its exit
-        # handlers must run).  A watchdog covers an interpreter shutdown that
-        # hangs on a thread stuck in C code.
+        if not mpich:
+            os._exit(code)  # fast: nothing left to run
+        # MPICH's Hydra kills the whole job when a rank ends with _exit()
+        # after MPI_Finalize (its exit handlers must run): leave through the
+        # interpreter's exit, with a watchdog for a shutdown that hangs on a
+        # thread stuck in C code.
         watchdog = threading.Timer(5.0, os._exit, args=(code,))
         watchdog.daemon = True
         watchdog.start()
