@@ -18,10 +18,11 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import _serialize
-from ._protocol import Kind, Status
+from ._protocol import Frame, Key, Status
 from .context import Context, Instance, _current
 from .shape import Extent, Point
 
@@ -45,7 +46,7 @@ class _Cell:
     """One actor: its instance, mailbox and thread."""
 
     def __init__(
-        self, host: ActorHost, key: tuple, name: str, point: Point, is_async: bool, creator: str | None,
+        self, host: ActorHost, key: Key, name: str, point: Point, is_async: bool, creator: str | None,
         spawner: Addr,
     ) -> None:
         self.host = host
@@ -60,7 +61,7 @@ class _Cell:
         self.state = "starting"
         self.failure: str | None = None
         self.stop_reason: str | None = None
-        self.mailbox: deque[tuple] = deque()
+        self.mailbox: deque[tuple[Any, ...]] = deque()
         self.cond = threading.Condition()
         addr = self.runtime.addr
         self.actor_id = f"{name}[{point.rank}]@{addr[0]}.{addr[1]}"
@@ -78,7 +79,7 @@ class _Cell:
 
     # -- mailbox -----------------------------------------------------------
 
-    def put(self, item: tuple) -> None:
+    def put(self, item: tuple[Any, ...]) -> None:
         if self.loop is not None:
             self.mailbox.append(item)
             try:
@@ -135,7 +136,7 @@ class _Cell:
             if not await self._ahandle(self.mailbox.popleft()):
                 break
 
-    def _handle(self, item: tuple) -> bool:
+    def _handle(self, item: tuple[Any, ...]) -> bool:
         kind = item[0]
         if kind == "call":
             self._call(item, None)
@@ -148,7 +149,7 @@ class _Cell:
             return True
         return self._stop(item, None)
 
-    async def _ahandle(self, item: tuple) -> bool:
+    async def _ahandle(self, item: tuple[Any, ...]) -> bool:
         kind = item[0]
         pending: list[Any] = []
         if kind == "call":
@@ -171,7 +172,7 @@ class _Cell:
 
     # -- message kinds -------------------------------------------------------
 
-    def _init(self, item: tuple) -> None:
+    def _init(self, item: tuple[Any, ...]) -> None:
         _, body, buffers, port = item
         token = _current.set(Context(self.identity, self.point))
         try:
@@ -189,7 +190,7 @@ class _Cell:
         finally:
             _current.reset(token)
 
-    def _call(self, item: tuple, pending: list[Any] | None) -> None:
+    def _call(self, item: tuple[Any, ...], pending: list[Any] | None) -> None:
         _, frame, buffers, src = item
         _, _, _, method, body, port, mpoint = frame[:7]
         index = mpoint[0]
@@ -198,7 +199,7 @@ class _Cell:
                 report = f"actor {self.actor_id} cannot take {method}(): it {self._why_not()}"
                 self.runtime.reply(port, index, Status.FAILED, report)
             return
-        token = _current.set(Context(self.identity, _point(mpoint)))
+        token: Any = _current.set(Context(self.identity, _point(mpoint)))
         try:
             args, kwargs = _serialize.loads(body, buffers)
             fn = getattr(self.instance, method)
@@ -323,7 +324,7 @@ class _Cell:
         self._fault(f"actor {self.actor_id} on {self.runtime.host} did not handle a failure{extra}:\n"
                     f"  {failure.report()}")
 
-    def _stop(self, item: tuple, pending: list[Any] | None) -> bool:
+    def _stop(self, item: tuple[Any, ...], pending: list[Any] | None) -> bool:
         _, reason, done = item
         self.stop_reason = reason
         cleanup = getattr(self.instance, "__cleanup__", None)
@@ -364,17 +365,17 @@ class ActorHost:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.lock = threading.Lock()
-        self.cells: dict[tuple, _Cell] = {}
+        self.cells: dict[Key, _Cell] = {}
         # Calls that overtook their SPAWN (sent by another process than the
         # spawner): held until the actor exists.
-        self.parked: dict[tuple, list[tuple]] = {}
-        self.tombstones: dict[tuple, str] = {}
+        self.parked: dict[Key, list[tuple[Any, ...]]] = {}
+        self.tombstones: dict[Key, str] = {}
         # Every actor thread ever started: the process must not finalize MPI
         # while one of them is still on its way out (MPICH keeps per-thread
         # state and hangs in MPI_Finalize otherwise).
         self.threads: list[threading.Thread] = []
 
-    def on_spawn(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def on_spawn(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, key, name, point, is_async, body, port, (creator, spawner), path = frame
         for entry in reversed(path):
             if entry not in sys.path:
@@ -390,7 +391,7 @@ class ActorHost:
         self.threads.append(cell.thread)
         cell.thread.start()
 
-    def on_call(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         key = frame[2]
         cell = self.cells.get(key)
         if cell is not None:
@@ -410,17 +411,21 @@ class ActorHost:
         if port is not None:
             self.runtime.reply(port, mpoint[0], Status.FAILED, f"actor {frame[3]}() target is gone: {reason}")
 
-    def on_stop(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def on_stop(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, key, port, index, reason = frame
         if key is None:
-            self.stop_all(reason, lambda: port is not None and self.runtime.reply(port, index, Status.OK, None))
+            self.stop_all(reason, lambda: self._ack(port, index))
             return
         cell = self.cells.get(key)
         if cell is None:
             if port is not None:
                 self.runtime.reply(port, index, Status.OK, None)
             return
-        cell.put(("stop", reason, lambda: port is not None and self.runtime.reply(port, index, Status.OK, None)))
+        cell.put(("stop", reason, lambda: self._ack(port, index)))
+
+    def _ack(self, port: Port | None, index: int) -> None:
+        if port is not None:
+            self.runtime.reply(port, index, Status.OK, None)
 
     def stop_all(self, reason: str, done: Callable[[], Any]) -> list[_Cell]:
         """Stop every actor; ``done()`` runs once all have stopped."""
@@ -443,7 +448,7 @@ class ActorHost:
             cell.put(("stop", reason, one_done))
         return cells
 
-    def forget(self, key: tuple, reason: str) -> None:
+    def forget(self, key: Key, reason: str) -> None:
         with self.lock:
             self.cells.pop(key, None)
             self.tombstones[key] = reason

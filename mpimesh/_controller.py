@@ -22,7 +22,7 @@ from . import _serialize
 from ._logs import Printer
 from ._mpi import MPI, fault_tolerant
 from ._ports import Gather
-from ._protocol import Kind, Status
+from ._protocol import Frame, Key, Kind, Status
 from .config import settings
 from .future import Future
 from .shape import Shape
@@ -135,7 +135,9 @@ class Controller:
         rt.router.add_island(inter, island)
         for addr in addrs:
             rt.send(addr, (Kind.INIT, None, island, rt.host, rt.pid, list(sys.path)))
-        started = lambda: all(self.procs[a].hello or self.procs[a].dead for a in addrs)  # noqa: E731
+        def started() -> bool:
+            return all(self.procs[a].hello or self.procs[a].dead for a in addrs)
+
         deadline = time.monotonic() + settings.spawn_timeout
         while not rt.wait(started, self.cond, max(0.0, min(settings.show_waits or 1e9, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
@@ -216,7 +218,7 @@ class Controller:
 
     # -- frames ----------------------------------------------------------------
 
-    def _on_hello(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_hello(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         proc = self.procs[src]
         proc.host, proc.pid, proc.hello = frame[2], frame[3], True
         if self.rt.liveness is not None:
@@ -224,7 +226,7 @@ class Controller:
         with self.cond:
             self.cond.notify_all()
 
-    def _on_bye(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_bye(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.procs[src].bye = True
         if self.rt.liveness is not None:
             self.rt.liveness.forget(src)
@@ -285,14 +287,14 @@ class Controller:
             failure.cause += f"\n  unhandled_fault_hook raised {type(exc).__name__}: {exc}"
             default_unhandled_fault_hook(failure)
 
-    def _on_log(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_log(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.printer.on_log(frame[2], frame[3])
 
-    def _on_forward(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_forward(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, dest, data = frame
         self.rt.router.send_raw(dest, data, buffers)
 
-    def _on_procs(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_procs(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, op, arg, port = frame
         self._service.submit(self._serve_procs, op, arg, port)
 
@@ -325,7 +327,7 @@ class Controller:
         self._service.submit(run)
         return fut
 
-    def on_ping(self, src: Addr, frame: tuple) -> None:
+    def on_ping(self, src: Addr, frame: Frame) -> None:
         pass
 
     # -- the end -----------------------------------------------------------------
@@ -370,7 +372,7 @@ class Controller:
         return clean
 
     def shutdown_at_exit(self) -> None:
-        """atexit hook of an embedded controller (``python script.py``)."""
+        """Atexit hook of an embedded controller (``python script.py``)."""
         code = 1 if self.failed_exit else 0
         if not self.shutdown(code):
             MPI.COMM_WORLD.Abort(code or 1)

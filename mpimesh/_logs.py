@@ -112,7 +112,7 @@ def install_forwarders(runtime: Runtime) -> list[Forwarder]:
         return []
     out = Forwarder(runtime, 1, sys.stdout)
     err = Forwarder(runtime, 2, sys.stderr)
-    sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
+    sys.stdout, sys.stderr = out, err
     return [out, err]
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import _serialize
 from ._protocol import Status

@@ -24,7 +24,7 @@ import ctypes
 import os
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from .config import settings
 

@@ -13,8 +13,14 @@ handles them (``Runtime._on_<name>``), in the manner of execnet's ``Message``.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
-__all__ = ["CONTROLLER", "Kind", "TAG_FRAME", "TAG_DATA", "HANDLERS", "Status"]
+#: A frame on the wire: ``(kind, bufsizes, *fields)``.
+Frame = tuple[Any, ...]
+#: Job-wide unique id of an actor mesh: ``(island, rank, counter)`` of its spawner.
+Key = tuple[int, int, int]
+
+__all__ = ["CONTROLLER", "Frame", "Key", "Kind", "TAG_FRAME", "TAG_DATA", "HANDLERS", "Status"]
 
 #: The controller's address ``(island, rank)``.
 CONTROLLER = (0, 0)

@@ -17,7 +17,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import _current, _serialize, future
 from ._actor_host import ActorHost
@@ -25,11 +26,11 @@ from ._liveness import start_last_words
 from ._mpi import MPI, hostname
 from ._ports import PortTable
 from ._progress import Progress
-from ._protocol import HANDLERS, Kind, Status
+from ._protocol import HANDLERS, Frame, Key, Kind, Status
 from ._router import CONTROLLER, Addr, Router
 from .config import settings
 from .errors import MeshInternalError
-from .supervision import MeshFailure, current_hook
+from .supervision import MeshFailure
 
 if TYPE_CHECKING:
     from ._actor_host import _Cell
@@ -89,18 +90,20 @@ class Runtime:
         # addr -> report, for every process known dead
         self.dead: dict[Addr, str] = {}
         # actor meshes spawned from this process, by key
-        self.owned: dict[tuple[int, int, int], Owned] = {}
+        self.owned: dict[Key, Owned] = {}
         self._heard: dict[Addr, float] | None = None
         self._pings = 0
         # stdout/stderr forwarders of a worker (see _logs)
         self.forwarders: list[Any] = []
         self.cond = threading.Condition()
+        # spawned workers: set when the controller's INIT arrives
+        self.initialized = True
         self.stopping = False
         self.exit_code = 0
         self.controller_host = self.host
         self.controller_pid = self.pid
         self._ids = itertools.count(1)
-        self._handlers: dict[int, Callable[[Addr, tuple, list[Any]], None]] = {
+        self._handlers: dict[int, Callable[[Addr, Frame, list[Any]], None]] = {
             int(kind): getattr(self, name) for kind, name in HANDLERS.items()
         }
 
@@ -114,7 +117,7 @@ class Runtime:
         """Wait for ``done()``, driving progress (see ``_progress``)."""
         return self.progress.wait(done, cond, timeout)
 
-    def send(self, dest: Addr, frame: tuple, buffers: list[Any] | tuple = ()) -> None:
+    def send(self, dest: Addr, frame: Frame, buffers: list[Any] | tuple[Any, ...] = ()) -> None:
         """Send one frame."""
         self.router.send(dest, frame, buffers)
 
@@ -128,19 +131,19 @@ class Runtime:
         """
         if port[0] in self.dead:
             return
-        if status == Status.OK:
-            body, buffers = _serialize.dumps(value)
-        elif status == Status.ERROR:
-            body, buffers = _serialize.dumps(value)
-        else:
+        body: bytes | str
+        buffers: list[Any]
+        if status == Status.FAILED:
             body, buffers = str(value), []
+        else:
+            body, buffers = _serialize.dumps(value)
         sizes = tuple(b.nbytes for b in buffers) or None
         try:
             self.router.send(port[0], (Kind.REPLY, sizes, port[1], index, int(status), body), buffers)
         except ConnectionError:
             debug(f"reply to {port[0]} dropped: it has failed")
 
-    def fault(self, key: tuple, rank: int, report: str, spawner: Addr) -> None:
+    def fault(self, key: Key, rank: int, report: str, spawner: Addr) -> None:
         """Tell the process that spawned an actor that the actor has failed."""
         try:
             self.router.send(spawner, (Kind.FAULT, None, key, rank, report))
@@ -207,7 +210,7 @@ class Runtime:
             return
         self.controller.unhandled(failure)
 
-    def _on_fault(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_fault(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, key, rank, report = frame
         owned = self.owned.get(key)
         if owned is None:
@@ -215,7 +218,7 @@ class Runtime:
             return
         self.supervise(owned.owner, owned.failure([rank], report))
 
-    def _on_dead(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_dead(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.apply_dead(frame[2], frame[3])
 
     def request_stop(self, code: int) -> None:
@@ -227,7 +230,7 @@ class Runtime:
 
     # -- dispatch ----------------------------------------------------------
 
-    def _dispatch(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _dispatch(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         heard = self._heard
         if heard is not None and src in heard:
             heard[src] = time.monotonic()
@@ -240,23 +243,23 @@ class Runtime:
             print(f"[mpimesh {self.addr}] error handling {Kind(frame[0]).name} from {src}:\n{text}",
                   file=sys.stderr, flush=True)
 
-    def _on_call(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.actors.on_call(src, frame, buffers)
 
-    def _on_spawn(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_spawn(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.actors.on_spawn(src, frame, buffers)
 
-    def _on_reply(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_reply(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, pid, index, status, body = frame
         self.ports.deliver(pid, index, status, body, buffers, src)
 
-    def _on_stop(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_stop(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.actors.on_stop(src, frame, buffers)
 
-    def _on_shutdown(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_shutdown(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.request_stop(frame[2])
 
-    def _on_init(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_init(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, _island, host, pid, path = frame
         self.controller_host, self.controller_pid = host, pid
         for entry in reversed(path):
@@ -266,14 +269,14 @@ class Runtime:
             self.initialized = True
             self.cond.notify_all()
 
-    def _on_ping(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self._pings += 1
         if self.controller is not None:
             self.controller.on_ping(src, frame)
         else:
             self.router.send(CONTROLLER, frame)
 
-    def _controller_only(self, src: Addr, frame: tuple, buffers: list[Any]) -> None:
+    def _controller_only(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         if self.controller is None:
             raise MeshInternalError(f"{Kind(frame[0]).name} frame from {src} reached worker {self.addr}")
         getattr(self.controller, HANDLERS[Kind(frame[0])])(src, frame, buffers)
@@ -356,11 +359,11 @@ def boot_spawned(island: int) -> Runtime:
         raise RuntimeError("mpimesh --worker must be started by MPI_Comm_spawn from an mpimesh controller")
     world = MPI.COMM_WORLD
     rt = Runtime((island, world.Get_rank()), "worker")
-    rt.initialized = False  # type: ignore[attr-defined]
+    rt.initialized = False
     rt.router.add_island(world.Dup(), island)
     rt.router.add_parent(parent)
     _install(rt)
-    if not rt.wait(lambda: rt.initialized, rt.cond, settings.spawn_timeout):  # type: ignore[attr-defined]
+    if not rt.wait(lambda: rt.initialized, rt.cond, settings.spawn_timeout):
         raise TimeoutError(f"spawned worker {rt.addr} got no INIT from the controller in {settings.spawn_timeout:g} s")
     start_last_words(rt.controller_pid, rt.addr)
     rt.router.send(CONTROLLER, (Kind.HELLO, None, rt.host, rt.pid))

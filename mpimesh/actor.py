@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 __all__ = ["Actor", "endpoint", "EndpointInfo", "endpoint_table"]
 
@@ -94,6 +95,7 @@ def endpoint(
     actor class uses only one kind.
 
     Args:
+        fn: the method, when used bare as ``@endpoint``.
         propagate: accepted for Monarch compatibility (tensor-engine shape
             propagation); unused.
         explicit_response_port: the method receives a :class:`Port` as its
@@ -113,7 +115,7 @@ def endpoint(
     return mark
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def endpoint_table(cls: type) -> dict[str, EndpointInfo]:
     """The endpoints of an actor class, by name.
 
@@ -126,6 +128,7 @@ def endpoint_table(cls: type) -> dict[str, EndpointInfo]:
         mark = getattr(method, _MARK, None)
         if mark is None:
             continue
+        assert method is not None  # it carries the mark
         try:
             sig: inspect.Signature | None = inspect.signature(method)
         except (TypeError, ValueError):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
 from . import _current, _serialize
 from ._ports import Gather, OneReply, Receiver, Stream
@@ -51,9 +52,7 @@ class Endpoint(Generic[R]):
                 return
             except TypeError as exc:
                 error = exc
-            params = [
-                p.replace(annotation=p.empty) for p in list(sig.parameters.values())[len(lead):]
-            ]
+            params = [p.replace(annotation=p.empty) for p in list(sig.parameters.values())[len(lead) :]]
             shown = sig.replace(parameters=params, return_annotation=sig.empty)
             raise TypeError(f"{self._mesh._name}.{self._info.name}(): {error}; the endpoint takes {shown}") from None
 
@@ -109,9 +108,7 @@ class Endpoint(Generic[R]):
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Call every actor; yield one future per reply, in arrival order."""
         mesh = self._mesh
-        futures: list[Future[R]] = [
-            Future(f"{mesh._name}.{self._info.name}.stream()[{i}]") for i in range(len(mesh))
-        ]
+        futures: list[Future[R]] = [Future(f"{mesh._name}.{self._info.name}.stream()[{i}]") for i in range(len(mesh))]
         what = f"{mesh._name}.{self._info.name}"
         self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Stream(futures, what, addrs))
         return iter(futures)
@@ -170,7 +167,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         )
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes))
+        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes, strict=True))
         return f"ActorMesh({self._name!r}, {self._class_name}, {sizes})"
 
     def __getattr__(self, attr: str) -> Any:
@@ -181,12 +178,9 @@ class ActorMesh(MeshTrait, Generic[T]):
             return Endpoint(self, info)
         if attr in self._methods:
             raise AttributeError(
-                f"{self._class_name}.{attr} is not an endpoint, so {self!r} cannot call it; "
-                "decorate it with @endpoint"
+                f"{self._class_name}.{attr} is not an endpoint, so {self!r} cannot call it; decorate it with @endpoint"
             )
-        raise AttributeError(
-            f"{self!r} has no endpoint {attr!r}; its endpoints are {sorted(self._endpoints)}"
-        )
+        raise AttributeError(f"{self!r} has no endpoint {attr!r}; its endpoints are {sorted(self._endpoints)}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         refs = {n: EndpointInfo(i.name, i.is_async, i.explicit_response_port, None) for n, i in self._endpoints.items()}
@@ -260,7 +254,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         sizes = tuple(b.nbytes for b in buffers) or None
         labels, dims = shape.labels, shape.sizes
         send = rt.router.send
-        for rank, addr in zip(ranks, addrs):
+        for rank, addr in zip(ranks, addrs, strict=True):
             if dead and addr in dead:
                 # A known-dead target fails at once; the rest go ahead.
                 assert waiting is not None and port is not None
@@ -271,7 +265,9 @@ class ActorMesh(MeshTrait, Generic[T]):
                 send(addr, (Kind.CALL, sizes, self._key, method, body, port, (rank, labels, dims)), buffers)
             except ConnectionError as exc:
                 if waiting is None or port is None:
-                    raise SupervisionError(f"cannot broadcast {self._name}.{method}(): {exc}", endpoint=method) from None
+                    raise SupervisionError(
+                        f"cannot broadcast {self._name}.{method}(): {exc}", endpoint=method
+                    ) from None
                 if waiting.fail(addr, str(exc)):
                     rt.ports.close(port[1])
 

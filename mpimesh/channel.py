@@ -41,7 +41,9 @@ class Port(Generic[R]):
         try:
             _current.current().reply(self._port, self._index, Status.OK, obj)
         except Exception as exc:
-            raise TypeError(f"cannot send {_serialize.describe(obj)} on {self!r}: {exc}; send data that pickles") from exc
+            raise TypeError(
+                f"cannot send {_serialize.describe(obj)} on {self!r}: {exc}; send data that pickles"
+            ) from exc
 
     def exception(self, exc: Exception) -> None:
         """Make the receiver's next ``recv()`` raise ``exc`` (as an ActorError)."""

@@ -8,8 +8,8 @@ expected form, at import of :mod:`mpimesh`, not in the middle of a job.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 __all__ = ["Config", "load", "settings"]
 

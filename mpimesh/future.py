@@ -13,7 +13,8 @@ import concurrent.futures
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, TypeVar
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .config import settings
 
@@ -54,7 +55,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         elif settings.show_waits > 0:
             ok = self._wait_showing(driver, timeout, settings.show_waits)
         else:
-            ok = driver(self.done, self._condition, timeout)  # type: ignore[attr-defined]
+            ok = driver(self.done, self._condition, timeout)
         if not ok:
             raise TimeoutError(
                 f"{self!r} not done after {timeout:g} s; call get() again to keep waiting, or raise the timeout"
@@ -67,7 +68,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         while True:
             now = time.monotonic()
             chunk = every if deadline is None else min(every, deadline - now)
-            if driver(self.done, self._condition, max(0.0, chunk)):  # type: ignore[attr-defined]
+            if driver(self.done, self._condition, max(0.0, chunk)):
                 return True
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -105,7 +106,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
     def __await__(self) -> Generator[Any, None, R]:
         import asyncio  # lazily: 30 ms of start-up for scripts that never await
 
-        return asyncio.wrap_future(self).__await__()  # type: ignore[return-value]
+        return asyncio.wrap_future(self).__await__()
 
     def as_asyncio(self) -> asyncio.Future[R]:
         """This future as an :class:`asyncio.Future` of the running loop (repeatable)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-from typing import Any, Callable, Mapping, TypeVar, cast
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 from . import _current, _serialize
 from ._ports import Gather, OneReply
@@ -49,7 +50,7 @@ class ProcMesh(MeshTrait):
         return ProcMesh(shape, self._addrs, self._hosts, key=self._key)
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes))
+        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes, strict=True))
         return f"ProcMesh({sizes})"
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -81,7 +82,9 @@ class ProcMesh(MeshTrait):
         from .actor_mesh import ActorMesh
 
         if not isinstance(name, str) or not name:
-            raise TypeError(f"actor mesh name must be a non-empty str, got {name!r}; e.g. procs.spawn('trainers', Trainer)")
+            raise TypeError(
+                f"actor mesh name must be a non-empty str, got {name!r}; e.g. procs.spawn('trainers', Trainer)"
+            )
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
             raise TypeError(
                 f"cannot spawn {Class!r} on {self!r}: it is not an Actor subclass; "
@@ -89,14 +92,16 @@ class ProcMesh(MeshTrait):
             )
         if self._stopped:
             raise RuntimeError(f"cannot spawn on {self!r} after stop(); create new processes with spawn_procs()")
-        table = endpoint_table(Class)
+        table = endpoint_table(Class)  # type: ignore[arg-type]
         is_async = any(info.is_async for info in table.values())
         methods = frozenset(
             n for n, m in inspect.getmembers(Class, callable) if not n.startswith("_") and n not in table
         )
         rt = _current.current()
         try:
-            body, buffers = _serialize.dumps((Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key)))
+            body, buffers = _serialize.dumps(
+                (Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key))
+            )
         except Exception as exc:
             raise TypeError(
                 f"cannot pickle the arguments of {Class.__qualname__} for actor mesh {name!r}: {exc}; "
@@ -198,7 +203,7 @@ class HostMesh(MeshTrait):
         return HostMesh(shape, self._hosts)
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes))
+        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes, strict=True))
         return f"HostMesh({sizes})"
 
     def spawn_procs(
@@ -240,12 +245,16 @@ class HostMesh(MeshTrait):
             )
         dims = dict(per_host or {})
         if per_host is not None and not isinstance(per_host, Mapping):
-            raise TypeError(f"per_host must be a dict of dimension name to size, got {per_host!r}; e.g. per_host={{'gpus': 4}}")
+            raise TypeError(
+                f"per_host must be a dict of dimension name to size, got {per_host!r}; e.g. per_host={{'gpus': 4}}"
+            )
         for label, size in dims.items():
             if not isinstance(label, str) or not label:
                 raise TypeError(f"per_host keys must be dimension names, got {label!r}; e.g. per_host={{'gpus': 4}}")
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"per_host[{label!r}] must be a positive int, got {size!r}; e.g. per_host={{{label!r}: 4}}")
+                raise ValueError(
+                    f"per_host[{label!r}] must be a positive int, got {size!r}; e.g. per_host={{{label!r}: 4}}"
+                )
             if label in self._shape.labels:
                 raise ValueError(
                     f"per_host dimension {label!r} clashes with a dimension of {self!r}; choose another name"

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["MeshFailure", "unhandled_fault_hook", "default_unhandled_fault_hook"]
 
@@ -48,7 +49,7 @@ class MeshFailure:
         """A multi-line description for logs."""
         where = ", ".join(
             f"rank {r} ({', '.join(f'{k}={v}' for k, v in c.items())})" if c else f"rank {r}"
-            for r, c in zip(self.crashed_ranks, self.coords or [{}] * len(self.crashed_ranks))
+            for r, c in zip(self.crashed_ranks, self.coords or [{}] * len(self.crashed_ranks), strict=True)
         )
         kind = f" ({self.class_name})" if self.class_name else ""
         return f"actor mesh {self.mesh_name!r}{kind}: {where} failed:\n  {self.cause}"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, Iterator, Sequence, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 from .shape import MeshTrait, Point, Shape
 
@@ -47,7 +48,7 @@ class ValueMesh(MeshTrait, Generic[R]):
         return ValueMesh._view(shape, self._base)
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes))
+        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes, strict=True))
         return f"ValueMesh({sizes})"
 
     def get(self, rank: int) -> R:
@@ -79,7 +80,7 @@ class ValueMesh(MeshTrait, Generic[R]):
                 f"e.g. item({', '.join(f'{k}=0' for k in labels)})"
             )
         rank = 0
-        for label, size in zip(labels, self._shape.sizes):
+        for label, size in zip(labels, self._shape.sizes, strict=True):
             index = coords[label]
             if not 0 <= index < size:
                 raise IndexError(f"index {index} out of range for dimension {label!r} of size {size} in {self!r}")
