@@ -12,6 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 
+# Every pytest run writes a JUnit report here; the last line sums them up.
+reports=$(mktemp -d)
+trap 'rm -rf "$reports"' EXIT
+run_no=0
+next_report() { run_no=$((run_no + 1)); report="--junitxml=$reports/run$run_no.xml"; }
+
 mpi_runs() {
   local venv=$1 label=$2
   local mpiexec=("$venv/bin/mpiexec")
@@ -21,12 +27,15 @@ mpi_runs() {
   fi
   for n in 1 2 4; do
     echo "== $label: mpiexec -n $n python -m mpimesh -m pytest -m mesh"
-    timeout 900 "${mpiexec[@]}" -n "$n" "$venv/bin/python" -m mpimesh -m pytest --with-mpi -m mesh -q tests
+    next_report
+    timeout 900 "${mpiexec[@]}" -n "$n" "$venv/bin/python" -m mpimesh -m pytest --with-mpi -m mesh -q \
+      --color=no "$report" tests
   done
 }
 
 echo "== pure and subprocess tests"
-timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q tests
+next_report
+timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" tests
 
 mpi_runs .venv "Open MPI 5"
 
@@ -39,4 +48,4 @@ if [ "${MPIMESH_TEST_SLURM:-${CI:-0}}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" !=
   echo "== SLURM job templates"
   timeout 900 bash .ci/slurm-jobs.sh
 fi
-echo "== all tests passed"
+.venv/bin/python scripts/summarize_junit.py "$reports"
