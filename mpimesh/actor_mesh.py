@@ -153,6 +153,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._initialized = initialized
         self._owned = owned
         self._stopped = False
+        self._targets: list[Addr] | None = None
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         return ActorMesh(
@@ -233,7 +234,11 @@ class ActorMesh(MeshTrait, Generic[T]):
         rt = _current.current()
         shape = self._shape
         base = self._addrs
-        addrs = [base[shape.base_index(r)] for r in ranks]
+        targets = self._targets
+        if targets is None:
+            # The address of each rank of this (sliced) mesh, computed once.
+            targets = self._targets = [base[i] for i in shape.ranks()]
+        addrs = [targets[r] for r in ranks]
         dead = rt.dead
         if dead and receiver is None:
             for addr in addrs:
