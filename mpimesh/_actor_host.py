@@ -136,36 +136,29 @@ class _Cell:
             if not await self._ahandle(self.mailbox.popleft()):
                 break
 
-    def _handle(self, item: tuple[Any, ...]) -> bool:
-        kind = item[0]
-        if kind == "call":
-            self._call(item, None)
-            return True
-        if kind == "init":
-            self._init(item)
-            return True
-        if kind == "supervise":
-            self._supervise(item[1], None)
-            return True
-        return self._stop(item, None)
+    def _step(self, item: tuple[Any, ...], pending: list[Any] | None) -> bool:
+        """Handle one mailbox item; False once the actor has stopped.
 
-    async def _ahandle(self, item: tuple[Any, ...]) -> bool:
+        An async actor passes ``pending``: a coroutine left there must be
+        awaited before the next item (a sync actor passes ``None``).
+        """
         kind = item[0]
-        pending: list[Any] = []
         if kind == "call":
             self._call(item, pending)
-            if pending:
-                await pending[0]
-            return True
-        if kind == "init":
+        elif kind == "init":
             self._init(item)
-            return True
-        if kind == "supervise":
+        elif kind == "supervise":
             self._supervise(item[1], pending)
-            if pending:
-                await pending[0]
-            return True
-        keep = self._stop(item, pending)
+        else:
+            return self._stop(item, pending)
+        return True
+
+    def _handle(self, item: tuple[Any, ...]) -> bool:
+        return self._step(item, None)
+
+    async def _ahandle(self, item: tuple[Any, ...]) -> bool:
+        pending: list[Any] = []
+        keep = self._step(item, pending)
         if pending:
             await pending[0]
         return keep
