@@ -95,6 +95,9 @@ class Liveness:
         self.last_heard: dict[Addr, float] = {}
         self._next_heartbeat = 0.0
         self._ping = 0
+        # Every worker hears from the controller at least this often, so that
+        # one on another node can tell when the controller is gone.
+        self._pinged: dict[Addr, float] = {}
 
     def watch(self, addr: Addr, pid: int, host: str) -> None:
         """Start watching a worker (after its hello)."""
@@ -115,6 +118,7 @@ class Liveness:
     def forget(self, addr: Addr) -> None:
         """Stop watching (the worker said BYE, or is known dead)."""
         self.last_heard.pop(addr, None)
+        self._pinged.pop(addr, None)
         fd = self._by_addr.pop(addr, None)
         if fd is not None:
             self._fds.pop(fd, None)
@@ -146,7 +150,8 @@ class Liveness:
                 self.rt.declare_dead(
                     addr, f"stopped answering: silent for {silent:.1f} s (MPIMESH_HEARTBEAT_TIMEOUT={self.timeout:g})"
                 )
-            elif silent > self.ping_after:
+            elif silent > self.ping_after or now - self._pinged.get(addr, 0.0) > self.timeout / 2:
+                self._pinged[addr] = now
                 self._ping += 1
                 try:
                     self.rt.send(addr, (Kind.PING, None, self._ping))

@@ -93,6 +93,8 @@ class Runtime:
         self.owned: dict[Key, Owned] = {}
         self._heard: dict[Addr, float] | None = None
         self._pings = 0
+        # workers: when the controller was last heard from
+        self.heard_controller = time.monotonic()
         # stdout/stderr forwarders of a worker (see _logs)
         self.forwarders: list[Any] = []
         self.cond = threading.Condition()
@@ -234,6 +236,8 @@ class Runtime:
         heard = self._heard
         if heard is not None and src in heard:
             heard[src] = time.monotonic()
+        elif src == CONTROLLER:
+            self.heard_controller = time.monotonic()
         try:
             self._handlers[frame[0]](src, frame, buffers)
         except Exception:

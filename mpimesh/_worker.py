@@ -31,7 +31,9 @@ _WATCH_PERIOD = 0.25
 
 def _controller_alive(rt: _runtime.Runtime) -> bool:
     if rt.controller_host != rt.host:
-        return True  # another node: only the liveness channel can tell
+        # Another node: the controller pings every worker at least every
+        # half heartbeat timeout; twice the timeout of silence means it is gone.
+        return time.monotonic() - rt.heard_controller < 2 * settings.heartbeat_timeout
     try:
         os.kill(rt.controller_pid, 0)
     except ProcessLookupError:
