@@ -176,7 +176,9 @@ class ActorMesh(MeshTrait, Generic[T]):
             raise AttributeError(attr)
         info = self._endpoints.get(attr)
         if info is not None:
-            return Endpoint(self, info)
+            endpoint: Endpoint[Any] = Endpoint(self, info)
+            self.__dict__[attr] = endpoint  # later lookups skip __getattr__
+            return endpoint
         if attr in self._methods:
             raise AttributeError(
                 f"{self._class_name}.{attr} is not an endpoint, so {self!r} cannot call it; decorate it with @endpoint"
