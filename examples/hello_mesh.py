@@ -37,7 +37,7 @@ class Greeter(Actor):
 
 def main() -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 4})
-    print(f"spawned {procs}")
+    print(f"processes: {procs}")
     greeters = procs.spawn("greeters", Greeter, "hello")
 
     # call(): every actor answers; the replies form a ValueMesh shaped like the mesh
