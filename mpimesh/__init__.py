@@ -30,6 +30,8 @@ from .proc_mesh import HostMesh as HostMesh
 from .proc_mesh import ProcMesh as ProcMesh
 from .proc_mesh import this_host as this_host
 from .proc_mesh import this_proc as this_proc
+from .rma import RDMAAction as RDMAAction
+from .rma import RDMABuffer as RDMABuffer
 from .shape import Extent as Extent
 from .shape import Point as Point
 from .shape import Shape as Shape
@@ -54,6 +56,8 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcMesh",
+    "RDMAAction",
+    "RDMABuffer",
     "RemoteException",
     "RemoteTraceback",
     "Shape",

@@ -39,6 +39,10 @@ def _environment_defaults() -> None:
         os.environ.setdefault("OPAL_PREFIX", sys.prefix)
         # Its libfabric BTL adds ~1 s to every MPI_Init and spawn.
         os.environ.setdefault("OMPI_MCA_btl", "^ofi")
+        # Its UCX one-sided component prints "OSC UCX component priority set
+        # inside component query failed" at every window creation (the data
+        # plane makes one per island at boot); osc/sm and osc/rdma serve.
+        os.environ.setdefault("OMPI_MCA_osc", "^ucx")
         # A singleton controller (no launcher): a dead spawned worker must
         # become an MPI error instead of aborting this process; its children
         # inherit the setting.  Under a launcher it is the launcher's call:

@@ -10,6 +10,10 @@ of processes and so keeps MPI's per-pair ordering.
 Every MPI call of the runtime goes through :class:`Router` under its lock.
 Sends are non-blocking (``Isend``): two ranks flooding each other with blocking
 sends while neither receives would deadlock.
+
+Raw buffers (the data plane's out-of-band tensors and arrays) are sent from
+the caller's memory without a copy and received into pooled blocks
+(``_buffers.recv_buffer``) that stay faulted in between messages.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from __future__ import annotations
 import pickle
 import threading
 from collections import deque
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from . import _buffers
 from ._mpi import MPI
 from ._protocol import CONTROLLER, TAG_DATA, TAG_FRAME, Kind
 
@@ -35,6 +41,9 @@ _FAILED_CLASSES = {
     for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
     if hasattr(MPI, name)
 }
+
+# Raw buffers from this size on keep the sender polling tight until they are sent.
+_BULK = 1 << 20
 
 # Frames handled per poll before returning to the waiter loop, so that a flood
 # of incoming messages cannot starve the waiter's own check.
@@ -78,8 +87,12 @@ class Router:
         self._parent: _Link | None = None
         # the link to relay through for islands without a direct route
         self._relay: tuple[_Link, int] | None = None
-        self._sends: deque[tuple[MPI.Request, Any]] = deque()
+        self._sends: deque[tuple[MPI.Request, Any, bool]] = deque()
+        # Large sends in flight: the answer to them comes soon, keep polling tight.
+        self._bulk = 0
         self._local: deque[tuple[Addr, bytes, list[Any]]] = deque()
+        # Pending one-sided operations of the data plane (see watch()).
+        self._ticks: list[Callable[[], Callable[[], None] | None]] = []
         self._status = MPI.Status()
         self.frames_in = 0
         self.frames_out = 0
@@ -121,12 +134,16 @@ class Router:
 
     def send(self, dest: Addr, frame: tuple, buffers: Sequence[Any] = ()) -> None:
         """Send ``frame`` (and raw ``buffers``) to ``dest``; returns at once."""
+        if buffers:
+            # bufsizes with each large buffer's alignment (see _buffers.layout)
+            frame = (frame[0], _buffers.layout(buffers), *frame[2:])
         self.send_raw(dest, pickle.dumps(frame, protocol=5), buffers)
 
     def send_raw(self, dest: Addr, data: bytes, buffers: Sequence[Any] = ()) -> None:
         """Send an already pickled frame."""
         if dest == self.addr:
-            self._local.append((dest, data, list(buffers)))
+            # The receiver gets its own copy, as it would from another process.
+            self._local.append((dest, data, [_buffers.copy_buffer(b) for b in buffers]))
             return
         link = self._routes.get(dest[0])
         if link is not None:
@@ -134,7 +151,7 @@ class Router:
         elif dest == CONTROLLER and self._parent is not None:
             self._post(self._parent, 0, data, buffers)
         elif self._relay is not None:
-            sizes = tuple(memoryview(b).nbytes for b in buffers) or None
+            sizes = _buffers.layout(buffers) or None
             relay = pickle.dumps((Kind.FORWARD, sizes, dest, data), protocol=5)
             self._post(self._relay[0], self._relay[1], relay, buffers)
         else:
@@ -145,10 +162,12 @@ class Router:
         try:
             with self.lock:
                 req = comm.Isend([data, MPI.BYTE], rank, TAG_FRAME)
-                self._sends.append((req, data))
+                self._sends.append((req, data, False))
                 for buf in buffers:
                     view = memoryview(buf).cast("B")
-                    self._sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf))
+                    bulk = view.nbytes >= _BULK
+                    self._bulk += bulk
+                    self._sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf, bulk))
                 self.frames_out += 1
                 self._reap()
         except MPI.Exception as exc:
@@ -165,8 +184,17 @@ class Router:
             except MPI.Exception as exc:
                 if exc.Get_error_class() not in _FAILED_CLASSES:
                     raise
-            sends.popleft()
+            self._bulk -= sends.popleft()[2]
 
+    def watch(self, tick: Callable[[], Callable[[], None] | None]) -> None:
+        """Call ``tick()`` under the lock on every poll until it returns a function.
+
+        The data plane's non-blocking window operations test their requests
+        this way; the returned function (which settles a future) runs after
+        the lock is released.
+        """
+        with self.lock:
+            self._ticks.append(tick)
 
     def pending_sends(self) -> int:
         """Sends not yet complete."""
@@ -185,9 +213,12 @@ class Router:
             src, data, buffers = local.popleft()
             got.append((src, pickle.loads(data), buffers))
         status = self._status
+        settle: list[Callable[[], None]] = []
         with self.lock:
             if self._sends:
                 self._reap()
+            if self._ticks:
+                self._tick(settle)
             for link in self._links:
                 comm = link.comm
                 while len(got) < _BATCH:
@@ -208,20 +239,36 @@ class Router:
                     if frame[1]:
                         # The raw buffers were posted right after the frame.
                         for size in frame[1]:
-                            buf = bytearray(size)
+                            # an int, or (size, offset) for a large buffer
+                            buf = _buffers.recv_buffer(size) if type(size) is int else _buffers.recv_buffer(*size)
                             comm.Recv([buf, MPI.BYTE], src, TAG_DATA)
                             buffers.append(buf)
                     got.append((link.source(src), frame, buffers))
+        for fn in settle:
+            fn()
         if failures and self._failed is not None:
             for addrs, text in failures:
                 self._failed(addrs, text)
         if not got:
-            return 0
+            # A pending one-sided operation or large send counts as traffic:
+            # keep polling tight until it completes (both ends of an emulated
+            # RMA need it; the reply to a large call follows its last byte).
+            return 1 if self._ticks or self._bulk else 0
         handler = self._handler
         for src, frame, buffers in got:
             handler(src, frame, buffers)
         self.frames_in += len(got)
         return len(got)
+
+    def _tick(self, settle: list[Callable[[], None]]) -> None:
+        keep = []
+        for tick in self._ticks:
+            done = tick()
+            if done is None:
+                keep.append(tick)
+            else:
+                settle.append(done)
+        self._ticks = keep
 
     def _acknowledge(self, link: _Link, exc: MPI.Exception) -> tuple[list[Addr], str]:
         # ULFM: a peer died.  Acknowledge it so that wildcard receives work

@@ -325,10 +325,12 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Runtime:
     Collective over ``world``: the pool workers call ``_worker.boot_pool``.
     """
     from ._controller import Controller
+    from ._windows import open_island
 
     rt = Runtime(CONTROLLER, "controller")
     comm = world.Dup()
     rt.router.add_island(comm, 0)
+    open_island(rt.router, comm, 0)  # collective: the data plane's window (_windows)
     infos = comm.allgather((rt.host, rt.pid))
     comm.bcast(list(sys.path), root=0)
     rt.controller = Controller(rt, [((0, r), host, pid) for r, (host, pid) in enumerate(infos) if r > 0])
@@ -341,9 +343,12 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Runtime:
 
 def boot_pool(world: MPI.Intracomm) -> Runtime:
     """Start a launch-pool worker runtime; collective with :func:`boot_controller`."""
+    from ._windows import open_island
+
     rt = Runtime((0, world.Get_rank()), "worker")
     comm = world.Dup()
     rt.router.add_island(comm, 0)
+    open_island(rt.router, comm, 0)  # collective with boot_controller
     rt.router.set_relay(0)
     infos = comm.allgather((rt.host, rt.pid))
     rt.controller_host, rt.controller_pid = infos[0]
@@ -358,13 +363,17 @@ def boot_pool(world: MPI.Intracomm) -> Runtime:
 
 def boot_spawned(island: int) -> Runtime:
     """Start a spawned worker runtime and wait for the controller's INIT."""
+    from ._windows import open_island
+
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         raise RuntimeError("mpimesh --worker must be started by MPI_Comm_spawn from an mpimesh controller")
     world = MPI.COMM_WORLD
     rt = Runtime((island, world.Get_rank()), "worker")
     rt.initialized = False
-    rt.router.add_island(world.Dup(), island)
+    comm = world.Dup()
+    rt.router.add_island(comm, island)
+    open_island(rt.router, comm, island)  # collective over the island's processes
     rt.router.add_parent(parent)
     _install(rt)
     if not rt.wait(lambda: rt.initialized, rt.cond, settings.spawn_timeout):

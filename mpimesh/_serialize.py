@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import cloudpickle
 
+from . import _buffers
 from .config import settings
 from .errors import ActorError, RemoteException, RemoteTraceback
 
@@ -25,7 +28,20 @@ _PROTOCOL = 5
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle's pickler; the place where the data plane adds reducers."""
+    """cloudpickle's pickler, plus the data plane's reducer for torch tensors.
+
+    A tensor of at least ``MPIMESH_OOB_THRESHOLD`` bytes pickles as a small
+    header and a ``PickleBuffer`` over its bytes, which ``dumps`` takes out of
+    band (numpy arrays do this by themselves).
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            reduced = _buffers.reduce_tensor(obj, settings.oob_threshold)
+            if reduced is not NotImplemented:
+                return reduced
+        return super().reducer_override(obj)
 
 
 _PLAIN_ATOMS = frozenset((int, float, str, bool, type(None), complex))
