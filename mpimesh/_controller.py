@@ -267,7 +267,10 @@ class Controller:
                 sys.stdout.flush()
                 MPI.COMM_WORLD.Abort(1)
 
-        self._supervisor.submit(end)
+        try:
+            self._supervisor.submit(end)
+        except RuntimeError:
+            end()
 
     def live_addrs(self) -> list[Addr]:
         """Workers that said hello and have neither left nor died."""
@@ -275,7 +278,12 @@ class Controller:
 
     def unhandled(self, failure: Any) -> None:
         """A failure reached the top: run ``mpimesh.unhandled_fault_hook`` off the progress path."""
-        self._supervisor.submit(self._run_hook, failure)
+        try:
+            self._supervisor.submit(self._run_hook, failure)
+        except RuntimeError:
+            # The interpreter (or this controller) is shutting down: the job
+            # is ending anyway, so report instead of running the hook.
+            print(f"mpimesh: failure during shutdown:\n{failure.report()}", file=sys.stderr, flush=True)
 
     def _run_hook(self, failure: Any) -> None:
         from .supervision import default_unhandled_fault_hook

@@ -93,6 +93,7 @@ class Runtime:
         self.owned: dict[Key, Owned] = {}
         self._heard: dict[Addr, float] | None = None
         self._pings = 0
+        self._poll_errors: set[str] = set()
         # workers: when the controller was last heard from
         self.heard_controller = time.monotonic()
         # stdout/stderr forwarders of a worker (see _logs)
@@ -158,12 +159,25 @@ class Runtime:
         # Heartbeats do not count as traffic: they must not keep an idle
         # process out of its deep back-off.
         pings = self._pings
-        handled = self.router.poll()
+        try:
+            handled = self.router.poll()
+        except Exception:
+            # An MPI error the router does not know how to handle.  Report it
+            # (once per kind) and keep serving: killing the polling thread
+            # would take the whole process down with it.
+            self._poll_error(traceback.format_exc())
+            return 0
         for forwarder in self.forwarders:
             forwarder.drain()
         if self.liveness is not None:
             self.liveness.check()
         return handled - (self._pings - pings)
+
+    def _poll_error(self, text: str) -> None:
+        last = text.strip().splitlines()[-1]
+        if last not in self._poll_errors:
+            self._poll_errors.add(last)
+            print(f"[mpimesh {self.addr}] error while polling MPI (reported once):\n{text}", file=sys.stderr, flush=True)
 
     def _mpi_failed(self, addrs: list[Addr], text: str) -> None:
         # ULFM reported dead peers.  The controller declares them dead for
