@@ -22,7 +22,7 @@ from . import _serialize
 from ._logs import Printer
 from ._mpi import MPI, fault_tolerant
 from ._ports import Gather
-from ._protocol import Frame, Key, Kind, Status
+from ._protocol import Frame, Kind, Status
 from .config import settings
 from .future import Future
 from .shape import Shape

@@ -26,13 +26,13 @@ from typing import Any
 
 from . import _buffers
 from ._mpi import MPI
-from ._protocol import CONTROLLER, TAG_DATA, TAG_FRAME, Kind
+from ._protocol import CONTROLLER, TAG_DATA, TAG_FRAME, Frame, Kind
 
 __all__ = ["Addr", "Router", "CONTROLLER"]
 
 Addr = tuple[int, int]
 
-Handler = Callable[[Addr, tuple, list], None]
+Handler = Callable[[Addr, Frame, list[Any]], None]
 Failed = Callable[[list[Addr], str], None]
 
 # Error classes that mean "a peer process has failed" (ULFM).
@@ -132,7 +132,7 @@ class Router:
 
     # -- sending -----------------------------------------------------------
 
-    def send(self, dest: Addr, frame: tuple, buffers: Sequence[Any] = ()) -> None:
+    def send(self, dest: Addr, frame: Frame, buffers: Sequence[Any] = ()) -> None:
         """Send ``frame`` (and raw ``buffers``) to ``dest``; returns at once."""
         if buffers:
             # bufsizes with each large buffer's alignment (see _buffers.layout)
@@ -206,12 +206,12 @@ class Router:
 
     def poll(self) -> int:
         """Receive what has arrived and dispatch it; returns the number of frames."""
-        got: list[tuple[Addr, tuple, list[Any]]] = []
+        got: list[tuple[Addr, Frame, list[Any]]] = []
         failures: list[tuple[list[Addr], str]] = []
         local = self._local
         while local and len(got) < _BATCH:
-            src, data, buffers = local.popleft()
-            got.append((src, pickle.loads(data), buffers))
+            here, payload, carried = local.popleft()
+            got.append((here, pickle.loads(payload), carried))
         status = self._status
         settle: list[Callable[[], None]] = []
         with self.lock:
@@ -255,8 +255,8 @@ class Router:
             # RMA need it; the reply to a large call follows its last byte).
             return 1 if self._ticks or self._bulk else 0
         handler = self._handler
-        for src, frame, buffers in got:
-            handler(src, frame, buffers)
+        for sender, received, carried in got:
+            handler(sender, received, carried)
         self.frames_in += len(got)
         return len(got)
 
@@ -279,7 +279,7 @@ class Router:
             comm.Ack_failed()
             group = comm.Get_failed()
             try:
-                local = comm.Get_group() if not comm.Is_inter() else comm.Get_remote_group()
+                local = comm.Get_remote_group() if isinstance(comm, MPI.Intercomm) else comm.Get_group()
                 ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), local)
             finally:
                 group.Free()

@@ -177,7 +177,8 @@ class Runtime:
         last = text.strip().splitlines()[-1]
         if last not in self._poll_errors:
             self._poll_errors.add(last)
-            print(f"[mpimesh {self.addr}] error while polling MPI (reported once):\n{text}", file=sys.stderr, flush=True)
+            print(f"[mpimesh {self.addr}] error while polling MPI (reported once):\n{text}",
+                  file=sys.stderr, flush=True)
 
     def _mpi_failed(self, addrs: list[Addr], text: str) -> None:
         # ULFM reported dead peers.  The controller declares them dead for

@@ -27,7 +27,7 @@ __all__ = ["dumps", "loads", "ErrorPayload", "error_payload", "raise_payload", "
 _PROTOCOL = 5
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle's pickler, plus the data plane's reducer for torch tensors.
 
     A tensor of at least ``MPIMESH_OOB_THRESHOLD`` bytes pickles as a small
@@ -137,8 +137,9 @@ class ErrorPayload:
 def error_payload(exc: BaseException, header: str, rank: int, coords: dict[str, int], host: str) -> ErrorPayload:
     """Capture ``exc`` (with its traceback) for the caller."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    data: bytes | None
     try:
-        data: bytes | None = cloudpickle.dumps(exc, protocol=_PROTOCOL)
+        data = cloudpickle.dumps(exc, protocol=_PROTOCOL)
         pickle.loads(data)  # it must also come back, or the caller gets nothing
     except Exception:
         data = None
