@@ -26,8 +26,11 @@ run b1 180 "${MPIRUN[@]}" -n 2 "$PY" -m mpimesh benchmarks/bench_b1.py
 run b1_spawned 180 "$PY" -m mpimesh benchmarks/bench_b1.py
 run b2 180 "${MPIRUN[@]}" -n 3 "$PY" -m mpimesh benchmarks/bench_b2.py
 run b3 240 "${MPIRUN[@]}" -n 2 "$PY" -m mpimesh benchmarks/bench_b3.py
+run b4 300 "${MPIRUN[@]}" -n 2 "$PY" -m mpimesh benchmarks/bench_b4.py
 run b5 600 "$PY" benchmarks/bench_b5.py
+run b6 300 "${MPIRUN[@]}" -n 2 "$PY" -m mpimesh benchmarks/bench_b6.py
 run b8 300 "${MPIRUN[@]}" -n 3 "$PY" -m mpimesh benchmarks/bench_b8.py
+[ -f benchmarks/bench_b7.py ] && run b7 900 "$PY" benchmarks/bench_b7.py
 run b9 600 "${MPIRUN[@]}" -n 17 "$PY" -m mpimesh benchmarks/bench_b9.py
 echo "results: $RESULTS  logs: $LOGDIR  failed: $failed"
 exit $((failed > 0))
