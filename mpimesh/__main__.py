@@ -106,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = boot_controller(world)
     code = _run(kind, target, args)
     sys.stdout.flush()
-    assert rt.controller is not None
-    if not rt.controller.shutdown(code):
-        MPI.COMM_WORLD.Abort(code or 1)
+    if rt.controller is not None:
+        rt.controller.leave(code)
     return code
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _serialize
 from ._logs import Printer
-from ._mpi import MPI, fault_tolerant
+from ._mpi import MPI, fault_tolerant, library
 from ._ports import Gather
 from ._protocol import Frame, Kind, Status
 from .config import settings
@@ -72,6 +72,8 @@ class Controller:
         self._supervisor = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-supervisor")
         self.printer = Printer(settings.log_fold)
         self.fault_tolerant = fault_tolerant()
+        # declared dead on another host without proof: only an Abort ends them
+        self.unconfirmed: set[Addr] = set()
 
     def start(self) -> None:
         """Start watching the pool and the background progress thread."""
@@ -244,6 +246,15 @@ class Controller:
         with self.lock:
             if addr in self.free:
                 self.free.remove(addr)
+        if proc.pid and proc.host == self.rt.host:
+            # Declared dead for silence (stopped, hung in C): make it so, or
+            # it would keep the job from ending.
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        elif "stopped answering" in cause:
+            self.unconfirmed.add(addr)
         if self.rt.liveness is not None:
             self.rt.liveness.forget(addr)
         with self.cond:
@@ -379,8 +390,20 @@ class Controller:
             rt.liveness.close()
         return clean
 
+    def leave(self, code: int) -> None:
+        """End this process after :meth:`shutdown`, in bounded time.
+
+        Finalizes MPI unless a process of the job has died (MPI_Finalize can
+        then spin forever), aborting the job if some process may still hang.
+        """
+        clean = self.shutdown(code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if not clean or self.unconfirmed:
+            MPI.COMM_WORLD.Abort(code or 1)
+        if self.rt.dead and library().startswith("Open MPI"):
+            os._exit(code)
+
     def shutdown_at_exit(self) -> None:
         """Atexit hook of an embedded controller (``python script.py``)."""
-        code = 1 if self.failed_exit else 0
-        if not self.shutdown(code):
-            MPI.COMM_WORLD.Abort(code or 1)
+        self.leave(1 if self.failed_exit else 0)

@@ -159,11 +159,15 @@ class Gather(Receiver):
 class Stream(Receiver):
     """One future per reply, in arrival order."""
 
-    def __init__(self, futures: list[Future[Any]], what: str, sources: Iterable[Addr]) -> None:
+    def __init__(
+        self, futures: list[Future[Any]], what: str, sources: Iterable[Addr], shape: Shape | None = None
+    ) -> None:
         self.futures = futures
         self.what = what
         self.next = 0
-        self.pending = set(sources)
+        self._sources = list(sources)
+        self.pending = set(self._sources)
+        self.shape = shape
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         fut = self.futures[self.next]
@@ -174,7 +178,10 @@ class Stream(Receiver):
     def fail(self, addr: Addr, report: str) -> bool:
         fut = self.futures[self.next]
         self.next += 1
-        fut.set_exception(self.error(report))
+        where = ""
+        if self.shape is not None and addr in self._sources:
+            where = _describe(self.shape, self._sources.index(addr))
+        fut.set_exception(self.error(report, where))
         return self.next >= len(self.futures)
 
 

@@ -70,10 +70,17 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
     return rt.exit_code
 
 
-def _finish(code: int) -> int:
+def _finish(code: int, rt: _runtime.Runtime | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     mpich = not library().startswith("Open MPI")
+    # MPI_Finalize can spin forever once a process of the job has died
+    # (seen with Open MPI's ULFM): skip it then, and bound it always.
+    watchdog = threading.Timer(5.0, os._exit, args=(code,))
+    watchdog.daemon = True
+    watchdog.start()
+    if rt is not None and rt.dead and not mpich:
+        os._exit(code)
     try:
         MPI.Finalize()
     finally:
@@ -81,11 +88,8 @@ def _finish(code: int) -> int:
             os._exit(code)  # fast: nothing left to run
         # MPICH's Hydra kills the whole job when a rank ends with _exit()
         # after MPI_Finalize (its exit handlers must run): leave through the
-        # interpreter's exit, with a watchdog for a shutdown that hangs on a
+        # interpreter's exit; the watchdog covers a shutdown that hangs on a
         # thread stuck in C code.
-        watchdog = threading.Timer(5.0, os._exit, args=(code,))
-        watchdog.daemon = True
-        watchdog.start()
     return code
 
 
@@ -98,22 +102,24 @@ def _ignore_interrupts() -> None:
 def main_pool(world: MPI.Intracomm) -> int:
     """Entry of ranks 1..N-1 of the launch world."""
     _ignore_interrupts()
+    rt = None
     try:
         rt = _runtime.boot_pool(world)
         code = serve(rt)
     except BaseException:
         traceback.print_exc()
         code = 1
-    return _finish(code)
+    return _finish(code, rt)
 
 
 def main_spawned(island: int) -> int:
     """Entry of a process created with ``MPI_Comm_spawn``."""
     _ignore_interrupts()
+    rt = None
     try:
         rt = _runtime.boot_spawned(island)
         code = serve(rt, spawned=True)
     except BaseException:
         traceback.print_exc()
         code = 1
-    return _finish(code)
+    return _finish(code, rt)

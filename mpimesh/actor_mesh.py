@@ -110,7 +110,8 @@ class Endpoint(Generic[R]):
         mesh = self._mesh
         futures: list[Future[R]] = [Future(f"{mesh._name}.{self._info.name}.stream()[{i}]") for i in range(len(mesh))]
         what = f"{mesh._name}.{self._info.name}"
-        self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Stream(futures, what, addrs))
+        shape = Shape.row_major(mesh._shape.labels, mesh._shape.sizes)
+        self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Stream(futures, what, addrs, shape))
         return iter(futures)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:

@@ -90,7 +90,8 @@ def run(cmd: list[str], *, timeout: float = 60.0, env: dict[str, str] | None = N
     if env:
         full_env.update(env)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env,
                             cwd=str(cwd or ROOT), start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
