@@ -79,6 +79,8 @@ class Controller:
         """Start watching the pool and the background progress thread."""
         from ._liveness import Liveness
 
+        if not self.procs:
+            _remove_stale_sessions()
         rt = self.rt
         rt.liveness = Liveness(rt)
         rt._heard = rt.liveness.last_heard
@@ -407,3 +409,36 @@ class Controller:
     def shutdown_at_exit(self) -> None:
         """Atexit hook of an embedded controller (``python script.py``)."""
         self.leave(1 if self.failed_exit else 0)
+
+
+def _remove_stale_sessions() -> None:
+    """Remove this user's PRRTE and mpimesh session directories whose process is gone.
+
+    A singleton's first MPI_Comm_spawn starts a PRRTE server whose session
+    directory is named after its pid.  Processes killed outright (a crashed
+    controller, a killed test) leave theirs behind, and once pids wrap around
+    (pid_max is 32768 on many hosts) a new server that gets the same pid
+    fails with "The PMIx server's listener thread failed to start".  A
+    directory whose pid is alive is always kept.
+    """
+    import shutil
+    import tempfile
+
+    base = os.environ.get("PRTE_MCA_prte_tmpdir_base") or tempfile.gettempdir()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    uid = os.getuid()
+    for entry in entries:
+        prefix = "prte." if entry.name.startswith("prte.") else "mpimesh-" if entry.name.startswith("mpimesh-") else ""
+        pid = entry.name[len(prefix):]
+        if not prefix or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        if not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(entry.path, ignore_errors=True)

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 __all__ = ["Runtime", "current", "boot_controller", "debug"]
 
 _runtime: Runtime | None = None
+
+# How long a worker waits for the controller's report of a death that ULFM
+# told it about first, before failing its waits with ULFM's poorer message.
+_MPI_REPORT_GRACE = 0.2
 _boot_lock = threading.Lock()
 
 
@@ -94,6 +98,8 @@ class Runtime:
         self._heard: dict[Addr, float] | None = None
         self._pings = 0
         self._poll_errors: set[str] = set()
+        # workers: peers ULFM reported failed, waiting for the controller's word
+        self._mpi_reported: dict[Addr, tuple[float, str]] = {}
         # workers: when the controller was last heard from
         self.heard_controller = time.monotonic()
         # stdout/stderr forwarders of a worker (see _logs)
@@ -169,6 +175,8 @@ class Runtime:
             return 0
         for forwarder in self.forwarders:
             forwarder.drain()
+        if self._mpi_reported:
+            self._apply_mpi_reported()
         if self.liveness is not None:
             self.liveness.check()
         return handled - (self._pings - pings)
@@ -186,7 +194,18 @@ class Runtime:
         for addr in addrs:
             if self.controller is not None:
                 self.declare_dead(addr, f"reported failed by MPI ({text})")
-            else:
+            elif addr not in self.dead:
+                # The controller's DEAD notice names pid, host and cause, and
+                # usually follows within milliseconds: give it a moment.
+                self._mpi_reported.setdefault(addr, (time.monotonic(), text))
+
+    def _apply_mpi_reported(self) -> None:
+        now = time.monotonic()
+        for addr, (when, text) in list(self._mpi_reported.items()):
+            if addr in self.dead:
+                del self._mpi_reported[addr]
+            elif now - when > _MPI_REPORT_GRACE:
+                del self._mpi_reported[addr]
                 self.apply_dead(addr, f"process {addr[0]}.{addr[1]} reported failed by MPI ({text})")
 
     def declare_dead(self, addr: Addr, cause: str) -> None:
