@@ -346,15 +346,12 @@ def candidate_paths(
     return found
 
 
-def identify_mpiexec(path: str, environ: Mapping[str, str]) -> tuple[str, str | None]:
-    """Run ``path --version`` and return ``(vendor, version)``.
 
-    Blocks for at most 10 s. An mpiexec that fails or times out is
-    ``("unknown", None)``.
-    """
+def _query_tool(argv: list[str], environ: Mapping[str, str]) -> subprocess.CompletedProcess[str] | None:
+    """Run an MPI tool for what it prints (bounded); ``None`` if it cannot run."""
     try:
-        done = subprocess.run(
-            [path, "--version"],
+        return subprocess.run(
+            argv,
             env=dict(environ),
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -363,6 +360,16 @@ def identify_mpiexec(path: str, environ: Mapping[str, str]) -> tuple[str, str | 
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
+        return None
+
+def identify_mpiexec(path: str, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """Run ``path --version`` and return ``(vendor, version)``.
+
+    Blocks for at most 10 s. An mpiexec that fails or times out is
+    ``("unknown", None)``.
+    """
+    done = _query_tool([path, "--version"], environ)
+    if done is None:
         return "unknown", None
     return parse_mpiexec_version(done.stdout + done.stderr)
 
@@ -653,17 +660,8 @@ def cuda_aware(lib: MpiLibrary, mpiexec: str | None, environ: Mapping[str, str])
     """
     if lib.vendor == "openmpi" and mpiexec:
         ompi_info = os.path.join(os.path.dirname(mpiexec), "ompi_info")
-        try:
-            done = subprocess.run(
-                [ompi_info, "--parsable", "--all"],
-                env=dict(environ),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=_VERSION_TIMEOUT,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
+        done = _query_tool([ompi_info, "--parsable", "--all"], environ)
+        if done is None:
             return "unknown"
         match = re.search(r"_built_with_cuda_support:value:(true|false)", done.stdout)
         return match.group(1) if match else "unknown"
