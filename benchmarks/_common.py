@@ -164,3 +164,32 @@ def emit(record: dict[str, Any]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     print(json.dumps(record, sort_keys=False), flush=True)
+
+
+MIB64 = 64 * 1024 * 1024
+
+
+def gbps(ms: float | None, nbytes: int = MIB64) -> float | None:
+    """Bandwidth in GB/s of moving ``nbytes`` in ``ms`` milliseconds."""
+    return None if not ms else round(nbytes / ms / 1e6, 2)
+
+
+def standalone_bulk(kind: str, reps: int) -> dict[str, Any] | None:
+    """The raw half of B4/B6 as a job of its own (`_bulk.py kind reps` under mpiexec -n 2).
+
+    A second opinion beside the same-job baseline: errors are reported, not raised.
+    """
+    from mpi4py import MPI
+
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    flags = ["--oversubscribe", "--bind-to", "none"] if MPI.Get_library_version().startswith("Open MPI") else []
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bulk.py")
+    cmd = [mpiexec, *flags, "-n", "2", sys.executable, script, kind, str(reps)]
+    try:
+        proc = run_bounded(cmd, launch_env(), 120)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"status {proc.returncode}: {proc.stderr[-500:]}"}
+    return json.loads(lines[-1])  # type: ignore[no-any-return]

@@ -23,17 +23,15 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
 import _bulk
 import torch
 from _actors import describe_job
-from _common import emit, launch_env, median, r, run_bounded, watchdog
+from _common import emit, gbps, median, r, standalone_bulk, watchdog
 from mpi4py import MPI
 
 from mpimesh import Actor, endpoint, this_host
@@ -73,24 +71,6 @@ def per_call(fn: Any, n: int) -> list[float]:
     return out
 
 
-def standalone(reps: int) -> dict[str, Any] | None:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    flags = ["--oversubscribe", "--bind-to", "none"] if MPI.Get_library_version().startswith("Open MPI") else []
-    cmd = [mpiexec, *flags, "-n", "2", sys.executable, os.path.join(HERE, "_bulk.py"), "b4", str(reps)]
-    try:
-        proc = run_bounded(cmd, launch_env(), 120)
-    except Exception as exc:  # the figure is a second opinion: report, don't fail
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"status {proc.returncode}: {proc.stderr[-500:]}"}
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
-
-
-def gbps(ms: float | None) -> float | None:
-    return None if not ms else round(_bulk.MIB64 / ms / 1e6, 2)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=10)
@@ -124,7 +104,7 @@ def main() -> None:
             fut.get(120)
             base.append(statistics.median(secs) * 1e3)
 
-    alone = standalone(args.calls)
+    alone = standalone_bulk("b4", args.calls)
     med = median(ours)
     bmed = median(base) if base else (alone or {}).get("median_ms")
     record = {

@@ -23,17 +23,15 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
 import _bulk
 import torch
 from _actors import describe_job
-from _common import emit, launch_env, median, r, run_bounded, watchdog
+from _common import emit, gbps, median, r, standalone_bulk, watchdog
 from mpi4py import MPI
 
 from mpimesh import Actor, RDMABuffer, endpoint, rma, this_host
@@ -80,24 +78,6 @@ def timed_reads(handle: RDMABuffer, dst: torch.Tensor, n: int, timeout: float = 
     return out
 
 
-def standalone(reps: int) -> dict[str, Any] | None:
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    flags = ["--oversubscribe", "--bind-to", "none"] if MPI.Get_library_version().startswith("Open MPI") else []
-    cmd = [mpiexec, *flags, "-n", "2", sys.executable, os.path.join(HERE, "_bulk.py"), "b6", str(reps)]
-    try:
-        proc = run_bounded(cmd, launch_env(), 120)
-    except Exception as exc:  # a second opinion: report, don't fail
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"status {proc.returncode}: {proc.stderr[-500:]}"}
-    return json.loads(lines[-1])  # type: ignore[no-any-return]
-
-
-def gbps(ms: float | None) -> float | None:
-    return None if not ms else round(_bulk.MIB64 / ms / 1e6, 2)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reads", type=int, default=10)
@@ -140,7 +120,7 @@ def main() -> None:
             fut.get(120)
             base.append(statistics.median(secs) * 1e3)
 
-    alone = standalone(args.reads)
+    alone = standalone_bulk("b6", args.reads)
     med = median(ours)
     bmed = median(base) if base else (alone or {}).get("median_ms")
     record = {
