@@ -535,8 +535,6 @@ def _parse_nprocs(text: str) -> int:
     return count
 
 
-_NONZERO_EXIT_VAR = "PRTE_MCA_state_base_error_non_zero_exit"
-
 _ROOT_VARS = (
     "OMPI_ALLOW_RUN_AS_ROOT",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
@@ -617,11 +615,6 @@ def build_command(
     if lib.vendor == "openmpi":
         if opts.ft and lib.ulfm:
             argv += ["--with-ft", "ulfm"]
-            # PRRTE treats a rank that exits with a non-zero status as a job
-            # error and ends the job; under ULFM the survivors are meant to
-            # go on (measured: five os._exit(1) deaths in a row now finish).
-            if _NONZERO_EXIT_VAR not in environ:
-                added[_NONZERO_EXIT_VAR] = "0"
         if not _multi_node(environ):
             # libfabric's provider probing costs ~1 s per MPI_Init and per
             # spawn; excluding the btl alone removes it here (measured), the

@@ -274,8 +274,6 @@ def test_build_command_openmpi5_as_root() -> None:
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "PRTE_ALLOW_RUN_AS_ROOT": "1",
         "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        # under ULFM a non-zero exit is a dead rank, not a job error
-        "PRTE_MCA_state_base_error_non_zero_exit": "0",
     }
 
 
@@ -303,7 +301,7 @@ def test_build_command_multi_node_keeps_fabric() -> None:
     assert argv == [
         "mpiexec", "-n", "8", "--with-ft", "ulfm", "--bind-to", "none", PY, "-m", "mpimesh", "a.py",
     ]
-    assert added == {"PRTE_MCA_state_base_error_non_zero_exit": "0"}
+    assert added == {}
 
 
 def test_build_command_openmpi4_has_no_ulfm() -> None:
