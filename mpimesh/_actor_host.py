@@ -36,6 +36,9 @@ __all__ = ["ActorHost"]
 Addr = tuple[int, int]
 Port = tuple[Addr, int]
 
+# Results of these types are answered at once, without asking inspect.
+_NOT_AWAITABLE = frozenset((int, float, str, bool, type(None), bytes, tuple, list, dict))
+
 
 def _point(raw: tuple[int, tuple[str, ...], tuple[int, ...]]) -> Point:
     rank, labels, sizes = raw
@@ -63,6 +66,10 @@ class _Cell:
         self.stop_reason: str | None = None
         self.mailbox: deque[tuple[Any, ...]] = deque()
         self.cond = threading.Condition()
+        # the actor thread's id: it may fill its own mailbox while it polls
+        self._tid: int | None = None
+        # message point -> Context, for the few slices an actor is called through
+        self._contexts: dict[tuple[Any, ...], Context] = {}
         addr = self.runtime.addr
         self.actor_id = f"{name}[{point.rank}]@{addr[0]}.{addr[1]}"
         coords = ", ".join(f"{k}={v}" for k, v in point.items())
@@ -87,6 +94,10 @@ class _Cell:
             except RuntimeError:
                 pass  # loop closed: the actor has stopped
             return
+        if threading.get_ident() == self._tid:
+            # Put by the actor's own thread while it polls: nobody to wake.
+            self.mailbox.append(item)
+            return
         with self.cond:
             self.mailbox.append(item)
             self.cond.notify()
@@ -106,6 +117,7 @@ class _Cell:
     def _main(self) -> None:
         try:
             if self.loop is None:
+                self._tid = threading.get_ident()
                 while True:
                     self.runtime.progress.wait(self._has_mail, self.cond)
                     if not self._handle(self.mailbox.popleft()):
@@ -185,16 +197,23 @@ class _Cell:
 
     def _call(self, item: tuple[Any, ...], pending: list[Any] | None) -> None:
         _, frame, buffers, src = item
-        _, _, _, method, body, port, mpoint = frame[:7]
+        method, payload, port, mpoint = frame[3], frame[4], frame[5], frame[6]
         index = mpoint[0]
         if self.state != "running":
             if port is not None:
                 report = f"actor {self.actor_id} cannot take {method}(): it {self._why_not()}"
                 self.runtime.reply(port, index, Status.FAILED, report)
             return
-        token: Any = _current.set(Context(self.identity, _point(mpoint)))
+        contexts = self._contexts
+        ctx = contexts.get(mpoint)
+        if ctx is None:
+            if len(contexts) > 64:
+                contexts.clear()
+            ctx = contexts[mpoint] = Context(self.identity, _point(mpoint))
+        token: Any = _current.set(ctx)
         try:
-            args, kwargs = _serialize.loads(body, buffers)
+            # plain arguments come unpickled with the frame (see Kind.CALL)
+            args, kwargs = _serialize.loads(payload, buffers) if type(payload) is bytes else payload
             fn = getattr(self.instance, method)
             info = getattr(fn, "_mpimesh_endpoint", None)
             if info is None:
@@ -205,7 +224,7 @@ class _Cell:
                 args = (PortObject(port, index),) + tuple(args)
                 port = None  # the method answers through its port
             result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
+            if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
                 if pending is None:
                     raise TypeError(f"endpoint {method} returned an awaitable in a sync actor; declare it async def")
                 pending.append(self._finish_async(result, port, index, method, token))

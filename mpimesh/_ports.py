@@ -27,9 +27,13 @@ __all__ = ["PortTable", "Receiver", "OneReply", "Gather", "Stream", "Queue", "de
 
 Addr = tuple[int, int]
 
+_VALUE = Status.VALUE
+
 
 def decode(status: int, body: Any, buffers: list[Any], what: str) -> Any:
     """Turn a REPLY body into a value, or raise what it carries."""
+    if status == _VALUE:
+        return body
     if status == Status.OK:
         try:
             return _serialize.loads(body, buffers)
@@ -46,7 +50,9 @@ def decode(status: int, body: Any, buffers: list[Any], what: str) -> Any:
 class Receiver:
     """Something waiting for replies on a port."""
 
-    what = ""
+    __slots__ = ("what", "pending")
+
+    what: str
     #: processes that still owe a reply (for failure propagation)
     pending: set[Addr]
 
@@ -83,6 +89,8 @@ def _settle(fut: Future[Any], fn: Callable[[], Any]) -> None:
 class OneReply(Receiver):
     """Exactly one reply settles one future."""
 
+    __slots__ = ("future", "where")
+
     def __init__(self, future: Future[Any], what: str, source: Addr, where: tuple[Shape, int] | None = None) -> None:
         self.future = future
         self.what = what
@@ -90,7 +98,12 @@ class OneReply(Receiver):
         self.where = where
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
-        _settle(self.future, lambda: decode(status, body, buffers, self.what))
+        fut = self.future
+        if status == _VALUE:
+            if not fut.done():
+                fut.set_result(body)
+            return True
+        _settle(fut, lambda: decode(status, body, buffers, self.what))
         return True
 
     def fail(self, addr: Addr, report: str) -> bool:
@@ -232,20 +245,19 @@ class PortTable:
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
         self._open: dict[int, Receiver] = {}
 
     def open(self, receiver: Receiver) -> int:
         """Register ``receiver``; returns its port id."""
+        # No lock: next() on a count and a dict store are atomic under the
+        # GIL, and fail_source() iterates over a snapshot.
         pid = next(self._ids)
-        with self._lock:
-            self._open[pid] = receiver
+        self._open[pid] = receiver
         return pid
 
     def close(self, pid: int) -> None:
         """Forget a port (late replies to it are dropped)."""
-        with self._lock:
-            self._open.pop(pid, None)
+        self._open.pop(pid, None)
 
     def deliver(self, pid: int, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> None:
         """Hand a REPLY to its receiver."""
@@ -258,8 +270,7 @@ class PortTable:
 
     def fail_source(self, addr: Addr, report: str) -> int:
         """Fail every wait that still expects a reply from ``addr``; returns how many."""
-        with self._lock:
-            victims = [(pid, r) for pid, r in self._open.items() if addr in r.pending]
+        victims = [(pid, r) for pid, r in list(self._open.items()) if addr in r.pending]
         for pid, receiver in victims:
             receiver.pending.discard(addr)
             if receiver.fail(addr, report):

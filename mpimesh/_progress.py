@@ -33,6 +33,13 @@ __all__ = ["Progress"]
 # A follower re-checks the token this often even if nobody wakes it, so that a
 # leader that leaves is always replaced.  Its own event wakes it at once.
 _FOLLOWER_WAIT = 0.05
+# The background poller stays out while a foreground thread has polled or
+# sent within this window: two threads of one process taking turns at MPI
+# fight over the GIL at every MPI call (a pipelined caller issued its calls
+# 2.5x slower while the background thread received the replies).
+_ACTIVE_WINDOW = 0.002
+# A spinning leader yields the CPU every this many empty polls.
+_YIELD_EVERY = 4
 # After this long without any traffic the background poller sleeps up to
 # MPIMESH_DEEP_SLEEP_US between polls.  Idle CPU is set by wake-ups: each
 # costs 30-100 us of CPU on the VMs measured, so 1 ms naps cost ~5 % of a
@@ -56,11 +63,15 @@ class Progress:
     Args:
         poll: receives and dispatches whatever has arrived; returns the number
             of frames handled.  Called only by the token holder.
+        sent_at: when this process last sent something (``time.monotonic``).
     """
 
-    def __init__(self, poll: Callable[[], int]) -> None:
+    def __init__(self, poll: Callable[[], int], sent_at: Callable[[], float] = lambda: 0.0) -> None:
         _tighten_timer_slack()
         self._poll = poll
+        self._sent_at = sent_at
+        # when a foreground thread last polled
+        self._polled_at = 0.0
         self._token = threading.Lock()
         self._spin = settings.spin_us * 1e-6
         self._max_sleep = settings.idle_sleep_us * 1e-6
@@ -118,6 +129,9 @@ class Progress:
         deadline = None if timeout is None else now + timeout
         last_traffic = now
         sleep = 0.0
+        spins = 0
+        token = self._token
+        poll = self._poll
         with self._count_lock:
             self._leaders += 1
         leading = True
@@ -142,11 +156,12 @@ class Progress:
                     last_traffic = now
                     with self._count_lock:
                         self._leaders += 1
-                if leading and self._token.acquire(blocking=False):
+                if leading and token.acquire(blocking=False):
                     try:
-                        handled = self._poll()
+                        handled = poll()
                     finally:
-                        self._token.release()
+                        token.release()
+                    self._polled_at = now
                     if handled:
                         last_traffic = time.monotonic()
                         sleep = 0.0
@@ -154,7 +169,9 @@ class Progress:
                     if idle < self._spin:
                         # Spin, but let the other processes of an
                         # oversubscribed node (and our other threads) run.
-                        os.sched_yield()
+                        spins += 1
+                        if spins % _YIELD_EVERY == 0:
+                            os.sched_yield()
                         continue
                     sleep = min(self._max_sleep, max(2e-5, sleep * 2))
                     pause = sleep
@@ -206,9 +223,14 @@ class Progress:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False
+            active = max(self._polled_at, self._sent_at())
             if self._leaders:
                 # Another thread polls; a leader that steps back wakes us.
                 pause = self._leader_idle
+            elif now - active < _ACTIVE_WINDOW:
+                # A foreground thread is busy with MPI (an actor between two
+                # messages, a caller issuing calls): let it receive too.
+                pause = _ACTIVE_WINDOW - (now - active)
             elif self._token.acquire(blocking=False):
                 try:
                     handled = self._poll()

@@ -12,15 +12,14 @@ handles them (``Runtime._on_<name>``), in the manner of execnet's ``Message``.
 
 from __future__ import annotations
 
-import enum
-from typing import Any
+from typing import Any, Final
 
 #: A frame on the wire: ``(kind, bufsizes, *fields)``.
 Frame = tuple[Any, ...]
 #: Job-wide unique id of an actor mesh: ``(island, rank, counter)`` of its spawner.
 Key = tuple[int, int, int]
 
-__all__ = ["CONTROLLER", "Frame", "Key", "Kind", "TAG_FRAME", "TAG_DATA", "HANDLERS", "Status"]
+__all__ = ["CONTROLLER", "Frame", "Key", "Kind", "TAG_FRAME", "TAG_DATA", "HANDLERS", "NAMES", "Status"]
 
 #: The controller's address ``(island, rank)``.
 CONTROLLER = (0, 0)
@@ -31,49 +30,59 @@ TAG_FRAME = 0x6D6D
 TAG_DATA = 0x6D6E
 
 
-class Kind(enum.IntEnum):
-    """Message kinds, one per handler."""
+class Kind:
+    """Message kinds, one per handler.
+
+    Plain ints, not an ``IntEnum``: an enum member pickles as a reference to
+    its class and costs ~1 us more to pickle and to unpickle, per frame.
+    """
 
     #: controller -> spawned worker: (island, controller host, controller pid, sys.path)
-    INIT = 1
+    INIT: Final = 1
     #: worker -> controller: (host, pid)
-    HELLO = 2
+    HELLO: Final = 2
     #: any -> worker: create an actor: (actor_key, name, point, is_async, body, reply_port, creator, sys_path)
-    SPAWN = 3
-    #: any -> actor: (actor_key, method, body, reply_port | None, message_point, adverb)
-    CALL = 4
+    SPAWN: Final = 3
+    #: any -> actor: (actor_key, method, args, reply_port | None, message_point); args is
+    #: ``(args, kwargs)`` itself when plain data, else their pickle
+    CALL: Final = 4
     #: any -> port owner: (port_id, index, status, body)
-    REPLY = 5
+    REPLY: Final = 5
     #: any -> actor: drain, run __cleanup__, answer: (actor_key, reply_port, index)
-    STOP = 6
+    STOP: Final = 6
     #: controller -> worker: stop every actor, say BYE, exit: (exit_code,)
-    SHUTDOWN = 7
+    SHUTDOWN: Final = 7
     #: worker -> controller: the worker has stopped its actors and is leaving: ()
-    BYE = 8
+    BYE: Final = 8
     #: any -> controller: relay the inner frame to dest: (dest, frame_bytes)
-    FORWARD = 9
+    FORWARD: Final = 9
     #: worker -> controller: allocate processes for an actor: (per_host, reply_port, owner)
-    PROCS = 10
+    PROCS: Final = 10
     #: controller <-> worker liveness: (sequence, sent_time)
-    PING = 11
+    PING: Final = 11
     #: actor's process -> its spawner's process: the actor failed: (actor_key, rank, report)
-    FAULT = 12
+    FAULT: Final = 12
     #: controller -> every process: a process has died: (addr, report)
-    DEAD = 13
+    DEAD: Final = 13
     #: worker -> controller: output lines: (stream 1|2, [(label, text), ...])
-    LOG = 14
+    LOG: Final = 14
 
+
+#: kind -> its name, for messages.
+NAMES: dict[int, str] = {v: k for k, v in vars(Kind).items() if type(v) is int}
 
 #: kind -> handler method name on the runtime.
-HANDLERS: dict[Kind, str] = {kind: "_on_" + kind.name.lower() for kind in Kind}
+HANDLERS: dict[int, str] = {kind: "_on_" + name.lower() for kind, name in NAMES.items()}
 
 
-class Status(enum.IntEnum):
-    """How a REPLY body is to be read."""
+class Status:
+    """How a REPLY body is to be read (plain ints, like :class:`Kind`)."""
 
     #: body is the pickled value
-    OK = 0
+    OK: Final = 0
     #: body is a pickled error payload (see ``_serialize.ErrorPayload``)
-    ERROR = 1
+    ERROR: Final = 1
     #: the sender will never answer (failed process or actor); body is a report
-    FAILED = 2
+    FAILED: Final = 2
+    #: body is the value itself, plain data pickled with the frame (see ``_serialize.plain``)
+    VALUE: Final = 3

@@ -7,9 +7,14 @@ the processes of its own island and to the controller; anything else is
 relayed by the controller (a ``FORWARD`` frame), which keeps one path per pair
 of processes and so keeps MPI's per-pair ordering.
 
-Every MPI call of the runtime goes through :class:`Router` under its lock.
-Sends are non-blocking (``Isend``): two ranks flooding each other with blocking
-sends while neither receives would deadlock.
+Every MPI call of the runtime goes through :class:`Router`, under one of its
+two locks: sends under the send lock, everything else (receiving, the data
+plane's windows, spawning) under :attr:`Router.lock`.  Two locks let a thread
+that issues calls go on while another receives the replies (MPI is initialised
+with ``MPI_THREAD_MULTIPLE``): with one lock, each collision cost a thread
+hand-off, ~50 us on the VMs measured.  Sends are non-blocking (``Isend``): two
+ranks flooding each other with blocking sends while neither receives would
+deadlock.
 
 Raw buffers (the data plane's out-of-band tensors and arrays) are sent from
 the caller's memory without a copy and received into pooled blocks
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +50,9 @@ _FAILED_CLASSES = {
 
 # Raw buffers from this size on keep the sender polling tight until they are sent.
 _BULK = 1 << 20
+
+# Frames without out-of-band buffers share this (never mutated) list.
+_NO_BUFFERS: list[Any] = []
 
 # Frames handled per poll before returning to the waiter loop, so that a flood
 # of incoming messages cannot starve the waiter's own check.
@@ -77,7 +86,9 @@ class Router:
 
     def __init__(self, addr: Addr, handler: Handler, failed: Failed | None = None) -> None:
         self.addr = addr
+        #: held for receiving and every MPI call other than a send
         self.lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._handler = handler
         self._failed = failed
         self._links: list[_Link] = []
@@ -96,6 +107,8 @@ class Router:
         self._status = MPI.Status()
         self.frames_in = 0
         self.frames_out = 0
+        #: when this process last sent a frame (time.monotonic)
+        self.sent_at = 0.0
 
     # -- wiring ------------------------------------------------------------
 
@@ -159,23 +172,32 @@ class Router:
 
     def _post(self, link: _Link, rank: int, data: bytes, buffers: Sequence[Any]) -> None:
         comm = link.comm
+        sends = self._sends
         try:
-            with self.lock:
+            with self._send_lock:
                 req = comm.Isend([data, MPI.BYTE], rank, TAG_FRAME)
-                self._sends.append((req, data, False))
-                for buf in buffers:
-                    view = memoryview(buf).cast("B")
-                    bulk = view.nbytes >= _BULK
-                    self._bulk += bulk
-                    self._sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf, bulk))
+                if buffers:
+                    sends.append((req, data, False))
+                    for buf in buffers:
+                        view = memoryview(buf).cast("B")
+                        bulk = view.nbytes >= _BULK
+                        self._bulk += bulk
+                        sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf, bulk))
+                elif not req.Test():
+                    # A small frame usually leaves at once (eager protocol);
+                    # keep the rest alive until MPI is done with them.
+                    sends.append((req, data, False))
                 self.frames_out += 1
-                self._reap()
+                self.sent_at = time.monotonic()
+                if sends:
+                    self._reap()
         except MPI.Exception as exc:
             if exc.Get_error_class() not in _FAILED_CLASSES:
                 raise
             raise ConnectionError(f"process {link.source(rank)} has failed: {exc.Get_error_string()}") from None
 
     def _reap(self) -> None:
+        # Called with the send lock held.
         sends = self._sends
         while sends:
             try:
@@ -198,7 +220,7 @@ class Router:
 
     def pending_sends(self) -> int:
         """Sends not yet complete."""
-        with self.lock:
+        with self._send_lock:
             self._reap()
             return len(self._sends)
 
@@ -207,17 +229,23 @@ class Router:
     def poll(self) -> int:
         """Receive what has arrived and dispatch it; returns the number of frames."""
         got: list[tuple[Addr, Frame, list[Any]]] = []
-        failures: list[tuple[list[Addr], str]] = []
-        local = self._local
-        while local and len(got) < _BATCH:
-            here, payload, carried = local.popleft()
-            got.append((here, pickle.loads(payload), carried))
-        status = self._status
-        settle: list[Callable[[], None]] = []
-        with self.lock:
-            if self._sends:
+        failures: list[tuple[list[Addr], str]] | None = None
+        settle: list[Callable[[], None]] | None = None
+        if self._local:
+            local = self._local
+            while local and len(got) < _BATCH:
+                here, payload, carried = local.popleft()
+                got.append((here, pickle.loads(payload), carried))
+        if self._sends and self._send_lock.acquire(blocking=False):
+            # Free completed sends; a thread that is sending does it itself.
+            try:
                 self._reap()
+            finally:
+                self._send_lock.release()
+        status = self._status
+        with self.lock:
             if self._ticks:
+                settle = []
                 self._tick(settle)
             for link in self._links:
                 comm = link.comm
@@ -227,6 +255,8 @@ class Router:
                     except MPI.Exception as exc:
                         if exc.Get_error_class() not in _FAILED_CLASSES:
                             raise
+                        if failures is None:
+                            failures = []
                         failures.append(self._acknowledge(link, exc))
                         break
                     if msg is None:
@@ -235,17 +265,13 @@ class Router:
                     data = bytearray(status.Get_count(MPI.BYTE))
                     msg.Recv([data, MPI.BYTE])
                     frame = pickle.loads(data)
-                    buffers: list[Any] = []
                     if frame[1]:
-                        # The raw buffers were posted right after the frame.
-                        for size in frame[1]:
-                            # an int, or (size, offset) for a large buffer
-                            buf = _buffers.recv_buffer(size) if type(size) is int else _buffers.recv_buffer(*size)
-                            comm.Recv([buf, MPI.BYTE], src, TAG_DATA)
-                            buffers.append(buf)
-                    got.append((link.source(src), frame, buffers))
-        for fn in settle:
-            fn()
+                        got.append((link.source(src), frame, self._recv_buffers(comm, src, frame[1])))
+                    else:
+                        got.append((link.source(src), frame, _NO_BUFFERS))
+        if settle:
+            for fn in settle:
+                fn()
         if failures and self._failed is not None:
             for addrs, text in failures:
                 self._failed(addrs, text)
@@ -259,6 +285,17 @@ class Router:
             handler(sender, received, carried)
         self.frames_in += len(got)
         return len(got)
+
+    @staticmethod
+    def _recv_buffers(comm: MPI.Comm, src: int, sizes: tuple[Any, ...]) -> list[Any]:
+        # The raw buffers were posted right after the frame.
+        buffers = []
+        for size in sizes:
+            # an int, or (size, offset) for a large buffer
+            buf = _buffers.recv_buffer(size) if type(size) is int else _buffers.recv_buffer(*size)
+            comm.Recv([buf, MPI.BYTE], src, TAG_DATA)
+            buffers.append(buf)
+        return buffers
 
     def _tick(self, settle: list[Callable[[], None]]) -> None:
         keep = []

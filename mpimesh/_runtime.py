@@ -26,7 +26,7 @@ from ._liveness import start_last_words
 from ._mpi import MPI, hostname
 from ._ports import PortTable
 from ._progress import Progress
-from ._protocol import HANDLERS, Frame, Key, Kind, Status
+from ._protocol import HANDLERS, NAMES, Frame, Key, Kind, Status
 from ._router import CONTROLLER, Addr, Router
 from .config import settings
 from .errors import MeshInternalError
@@ -45,7 +45,11 @@ _runtime: Runtime | None = None
 # How long a worker waits for the controller's report of a death that ULFM
 # told it about first, before failing its waits with ULFM's poorer message.
 _MPI_REPORT_GRACE = 0.2
+# How often the controller looks at its workers' pidfds while polling.
+_CHECK_EVERY = 0.001
 _boot_lock = threading.Lock()
+
+_REPLY, _OK, _FAILED, _VALUE = Kind.REPLY, Status.OK, Status.FAILED, Status.VALUE
 
 
 def debug(msg: str) -> None:
@@ -86,7 +90,7 @@ class Runtime:
         self.host = hostname()
         self.pid = os.getpid()
         self.router = Router(addr, self._dispatch, self._mpi_failed)
-        self.progress = Progress(self._poll)
+        self.progress = Progress(self._poll, lambda: self.router.sent_at)
         self.ports = PortTable()
         self.actors = ActorHost(self)
         self.controller: Controller | None = None
@@ -97,6 +101,7 @@ class Runtime:
         self.owned: dict[Key, Owned] = {}
         self._heard: dict[Addr, float] | None = None
         self._pings = 0
+        self._next_check = 0.0
         self._poll_errors: set[str] = set()
         # workers: peers ULFM reported failed, waiting for the controller's word
         self._mpi_reported: dict[Addr, tuple[float, str]] = {}
@@ -113,7 +118,7 @@ class Runtime:
         self.controller_pid = self.pid
         self._ids = itertools.count(1)
         self._handlers: dict[int, Callable[[Addr, Frame, list[Any]], None]] = {
-            int(kind): getattr(self, name) for kind, name in HANDLERS.items()
+            kind: getattr(self, name) for kind, name in HANDLERS.items()
         }
 
     # -- services for the rest of the package --------------------------------
@@ -138,19 +143,23 @@ class Runtime:
         Raises:
             Exception: ``value`` cannot be pickled (the caller sends an error instead).
         """
-        if port[0] in self.dead:
+        dest = port[0]
+        if dest in self.dead:
             return
-        body: bytes | str
-        buffers: list[Any]
-        if status == Status.FAILED:
-            body, buffers = str(value), []
+        if status == _OK and _serialize.plain(value):
+            # Plain data rides in the frame: one pickle instead of two.
+            frame: Frame = (_REPLY, None, port[1], index, _VALUE, value)
+            buffers: list[Any] = []
+        elif status == _FAILED:
+            frame, buffers = (_REPLY, None, port[1], index, _FAILED, str(value)), []
         else:
             body, buffers = _serialize.dumps(value)
-        sizes = tuple(b.nbytes for b in buffers) or None
+            sizes = tuple(b.nbytes for b in buffers) or None
+            frame = (_REPLY, sizes, port[1], index, status, body)
         try:
-            self.router.send(port[0], (Kind.REPLY, sizes, port[1], index, int(status), body), buffers)
+            self.router.send(dest, frame, buffers)
         except ConnectionError:
-            debug(f"reply to {port[0]} dropped: it has failed")
+            debug(f"reply to {dest} dropped: it has failed")
 
     def fault(self, key: Key, rank: int, report: str, spawner: Addr) -> None:
         """Tell the process that spawned an actor that the actor has failed."""
@@ -178,7 +187,12 @@ class Runtime:
         if self._mpi_reported:
             self._apply_mpi_reported()
         if self.liveness is not None:
-            self.liveness.check()
+            # One poll(2) on the pidfds per millisecond, not per poll: a
+            # syscall per poll was a tenth of the round trip.
+            now = time.monotonic()
+            if now >= self._next_check:
+                self._next_check = now + _CHECK_EVERY
+                self.liveness.check()
         return handled - (self._pings - pings)
 
     def _poll_error(self, text: str) -> None:
@@ -278,7 +292,7 @@ class Runtime:
             # A handler bug must not kill the polling thread (and with it
             # the process): report it and keep serving.
             text = traceback.format_exc()
-            print(f"[mpimesh {self.addr}] error handling {Kind(frame[0]).name} from {src}:\n{text}",
+            print(f"[mpimesh {self.addr}] error handling {NAMES.get(frame[0], frame[0])} from {src}:\n{text}",
                   file=sys.stderr, flush=True)
 
     def _on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
@@ -316,8 +330,8 @@ class Runtime:
 
     def _controller_only(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         if self.controller is None:
-            raise MeshInternalError(f"{Kind(frame[0]).name} frame from {src} reached worker {self.addr}")
-        getattr(self.controller, HANDLERS[Kind(frame[0])])(src, frame, buffers)
+            raise MeshInternalError(f"{NAMES.get(frame[0], frame[0])} frame from {src} reached worker {self.addr}")
+        getattr(self.controller, HANDLERS[frame[0]])(src, frame, buffers)
 
     _on_hello = _on_bye = _on_forward = _on_procs = _on_log = _controller_only
 

@@ -22,7 +22,7 @@ from . import _buffers
 from .config import settings
 from .errors import ActorError, RemoteException, RemoteTraceback
 
-__all__ = ["dumps", "loads", "ErrorPayload", "error_payload", "raise_payload", "describe"]
+__all__ = ["dumps", "loads", "plain", "ErrorPayload", "error_payload", "raise_payload", "describe"]
 
 _PROTOCOL = 5
 
@@ -47,7 +47,8 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 _PLAIN_ATOMS = frozenset((int, float, str, bool, type(None), complex))
 
 
-def _plain(obj: Any, depth: int = 0) -> bool:
+def plain(obj: Any, depth: int = 0) -> bool:
+    """Whether ``obj`` is plain data: builtin scalars and small containers of them."""
     # Data made only of builtin scalars and containers pickles identically
     # with the C pickler, which is 7x faster than cloudpickle's for small
     # calls.  Anything else (functions, classes, user objects that may live
@@ -63,14 +64,14 @@ def _plain(obj: Any, depth: int = 0) -> bool:
         if len(obj) > 32:
             return False
         for item in obj:
-            if type(item) not in _PLAIN_ATOMS and not _plain(item, depth + 1):
+            if type(item) not in _PLAIN_ATOMS and not plain(item, depth + 1):
                 return False
         return True
     if kind is dict:
         if len(obj) > 32:
             return False
         for key, value in obj.items():
-            if type(key) is not str or (type(value) not in _PLAIN_ATOMS and not _plain(value, depth + 1)):
+            if type(key) is not str or (type(value) not in _PLAIN_ATOMS and not plain(value, depth + 1)):
                 return False
         return True
     return False
@@ -83,7 +84,7 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
         The pickle and the out-of-band buffers (flat byte views), in the order
         ``loads`` needs them.
     """
-    if _plain(obj):
+    if plain(obj):
         return pickle.dumps(obj, _PROTOCOL), []
     buffers: list[pickle.PickleBuffer] = []
     threshold = settings.oob_threshold

@@ -9,6 +9,7 @@ from typing import Any, Generic, TypeVar
 from . import _current, _serialize
 from ._ports import Gather, OneReply, Receiver, Stream
 from ._protocol import Kind
+from ._serialize import plain
 from .actor import EndpointInfo
 from .errors import SupervisionError
 from .future import Future
@@ -20,6 +21,9 @@ __all__ = ["ActorMesh", "Endpoint"]
 R = TypeVar("R")
 T = TypeVar("T")
 Addr = tuple[int, int]
+
+_CALL = Kind.CALL
+_NO_BUFFERS: list[Any] = []
 
 
 class Endpoint(Generic[R]):
@@ -33,6 +37,7 @@ class Endpoint(Generic[R]):
     def __init__(self, mesh: ActorMesh[Any], info: EndpointInfo) -> None:
         self._mesh = mesh
         self._info = info
+        self._what = f"{mesh._name}.{info.name}"
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._mesh._name}.{self._info.name} of {self._mesh!r}>"
@@ -74,7 +79,7 @@ class Endpoint(Generic[R]):
         mesh = self._mesh
         fut: Future[ValueMesh[R]] = Future(f"{mesh._name}.{self._info.name}.call()")
         shape = Shape.row_major(mesh._shape.labels, mesh._shape.sizes)
-        what = f"{mesh._name}.{self._info.name}"
+        what = self._what
         self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Gather(fut, what, shape, addrs))
         return fut
 
@@ -99,17 +104,18 @@ class Endpoint(Generic[R]):
         return self._one(random.randrange(len(self._mesh)), "choose", args, kwargs)
 
     def _one(self, rank: int, adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
-        what = f"{self._mesh._name}.{self._info.name}"
+        # The hot path of call_one/choose: one target, one reply.
+        what = self._what
         fut: Future[R] = Future(f"{what}.{adverb}()")
-        shape = self._mesh._shape
-        self._send(args, kwargs, [rank], lambda addrs: OneReply(fut, what, addrs[0], (shape, rank)))
+        self._check(args, kwargs)
+        self._mesh._cast_one(self._info.name, what, args, kwargs, rank, fut)
         return fut
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Call every actor; yield one future per reply, in arrival order."""
         mesh = self._mesh
         futures: list[Future[R]] = [Future(f"{mesh._name}.{self._info.name}.stream()[{i}]") for i in range(len(mesh))]
-        what = f"{mesh._name}.{self._info.name}"
+        what = self._what
         shape = Shape.row_major(mesh._shape.labels, mesh._shape.sizes)
         self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Stream(futures, what, addrs, shape))
         return iter(futures)
@@ -154,7 +160,9 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._initialized = initialized
         self._owned = owned
         self._stopped = False
+        # per rank of this (sliced) mesh: its address and its message point
         self._targets: list[Addr] | None = None
+        self._points: list[tuple[int, tuple[str, ...], tuple[int, ...]]] = []
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         return ActorMesh(
@@ -224,6 +232,52 @@ class ActorMesh(MeshTrait, Generic[T]):
             rt.send(addr, (Kind.STOP, None, self._key, port, rank, reason))
         return fut
 
+    def _resolve(self) -> list[Addr]:
+        # The address and message point of each rank of this (sliced) mesh, computed once.
+        shape = self._shape
+        base = self._addrs
+        labels, dims = shape.labels, shape.sizes
+        self._points = [(rank, labels, dims) for rank in range(len(shape))]
+        self._targets = [base[i] for i in shape.ranks()]
+        return self._targets
+
+    def _payload(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]]:
+        if plain(args) and (not kwargs or plain(kwargs)):
+            # Plain data rides in the frame: one pickle instead of two.
+            return (args, kwargs), _NO_BUFFERS
+        try:
+            return _serialize.dumps((args, kwargs))
+        except Exception as exc:
+            raise TypeError(
+                f"cannot pickle the arguments of {self._name}.{method}(): {exc}; "
+                "pass data that pickles (not locks, sockets or open files)"
+            ) from exc
+
+    def _cast_one(
+        self, method: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank: int, fut: Future[Any]
+    ) -> None:
+        """Send one call to ``rank`` whose reply settles ``fut`` (call_one, choose)."""
+        if self._stopped:
+            raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
+        rt = _current.runtime or _current.current()
+        targets = self._targets or self._resolve()
+        addr = targets[rank]
+        payload, buffers = self._payload(method, args, kwargs)
+        waiting = OneReply(fut, what, addr, (self._shape, rank))
+        dead = rt.dead
+        if dead and addr in dead:
+            waiting.fail(addr, dead[addr])
+            return
+        ports = rt.ports
+        pid = ports.open(waiting)
+        sizes = tuple(b.nbytes for b in buffers) if buffers else None
+        frame = (_CALL, sizes, self._key, method, payload, (rt.addr, pid), self._points[rank])
+        try:
+            rt.router.send(addr, frame, buffers)
+        except ConnectionError as exc:
+            waiting.fail(addr, str(exc))
+            ports.close(pid)
+
     def _cast(
         self,
         method: str,
@@ -236,30 +290,20 @@ class ActorMesh(MeshTrait, Generic[T]):
             raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
         rt = _current.current()
         shape = self._shape
-        base = self._addrs
-        targets = self._targets
-        if targets is None:
-            # The address of each rank of this (sliced) mesh, computed once.
-            targets = self._targets = [base[i] for i in shape.ranks()]
+        targets = self._targets or self._resolve()
         addrs = [targets[r] for r in ranks]
         dead = rt.dead
         if dead and receiver is None:
             for addr in addrs:
                 if addr in dead:
                     raise SupervisionError(f"cannot broadcast {self._name}.{method}(): {dead[addr]}", endpoint=method)
-        try:
-            body, buffers = _serialize.dumps((args, kwargs))
-        except Exception as exc:
-            raise TypeError(
-                f"cannot pickle the arguments of {self._name}.{method}(): {exc}; "
-                "pass data that pickles (not locks, sockets or open files)"
-            ) from exc
+        payload, buffers = self._payload(method, args, kwargs)
         port = None
         waiting: Receiver | None = None
         if receiver is not None:
             waiting = receiver(addrs)
             port = (rt.addr, rt.ports.open(waiting))
-        sizes = tuple(b.nbytes for b in buffers) or None
+        sizes = tuple(b.nbytes for b in buffers) if buffers else None
         labels, dims = shape.labels, shape.sizes
         send = rt.router.send
         for rank, addr in zip(ranks, addrs, strict=True):
@@ -270,7 +314,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                     rt.ports.close(port[1])
                 continue
             try:
-                send(addr, (Kind.CALL, sizes, self._key, method, body, port, (rank, labels, dims)), buffers)
+                send(addr, (_CALL, sizes, self._key, method, payload, port, (rank, labels, dims)), buffers)
             except ConnectionError as exc:
                 if waiting is None or port is None:
                     raise SupervisionError(

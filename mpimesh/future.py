@@ -25,6 +25,10 @@ __all__ = ["Future"]
 
 R = TypeVar("R")
 
+# States in which a future never changes again (concurrent.futures' names).
+_SETTLED = frozenset(("FINISHED", "CANCELLED", "CANCELLED_AND_NOTIFIED"))
+_FINISHED = "FINISHED"
+
 # Installed by the runtime: wait(done, cond, timeout) -> bool, driving progress.
 _driver: Callable[[Callable[[], bool], threading.Condition, float | None], bool] | None = None
 
@@ -46,8 +50,14 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         state = "done" if self.done() else "pending"
         return f"<mpimesh.Future {self._what or hex(id(self))} {state}>"
 
+    def done(self) -> bool:
+        """Whether the future has a value or an exception (never blocks)."""
+        # Read without the condition's lock: the state is one attribute,
+        # written once, and this is asked at every poll of a waiting thread.
+        return self._state in _SETTLED
+
     def _wait(self, timeout: float | None) -> None:
-        if self.done():
+        if self._state in _SETTLED:
             return
         driver = _driver
         if driver is None:
@@ -87,8 +97,10 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
             ActorError: the remote endpoint raised.
             SupervisionError: the remote process or actor failed.
         """
-        self._wait(timeout)
-        return super().result(0)  # type: ignore[no-any-return]
+        if self._state != _FINISHED or self._exception is not None:
+            self._wait(timeout)
+            return super().result(0)  # type: ignore[no-any-return]
+        return self._result  # type: ignore[return-value]
 
     def result(self, timeout: float | None = None) -> R:
         """Same as :meth:`get` (``concurrent.futures`` name)."""
