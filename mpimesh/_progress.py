@@ -28,7 +28,10 @@ from collections.abc import Callable, Iterator
 
 from .config import settings
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "Waitable"]
+
+#: What a waiter sleeps on: a condition, or a function that makes it on demand.
+Waitable = threading.Condition | Callable[[], threading.Condition]
 
 # A follower re-checks the token this often even if nobody wakes it, so that a
 # leader that leaves is always replaced.  Its own event wakes it at once.
@@ -106,7 +109,7 @@ class Progress:
     def wait(
         self,
         done: Callable[[], bool],
-        cond: threading.Condition,
+        cond: Waitable,
         timeout: float | None = None,
         *,
         background: bool = False,
@@ -115,7 +118,8 @@ class Progress:
 
         Args:
             done: the condition waited for; must be cheap and thread-safe.
-            cond: notified by whoever makes ``done()`` true.
+            cond: notified by whoever makes ``done()`` true, or a function
+                returning it, called only if the wait has to sleep.
             timeout: seconds, or ``None`` for no limit.
             background: the thread that polls when nobody else does: it stays
                 quiet while another thread leads, and never spins.
@@ -124,6 +128,7 @@ class Progress:
             ``done()`` at the end: ``False`` only on timeout.
         """
         if background:
+            assert isinstance(cond, threading.Condition), "the background waiter sleeps on a real condition"
             return self._wait_background(done, cond, timeout)
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
@@ -179,13 +184,19 @@ class Progress:
                     pause = self._max_sleep if leading else _FOLLOWER_WAIT
                 if deadline is not None:
                     pause = min(pause, max(0.0, deadline - now))
-                with cond:
+                sleeper = cond if isinstance(cond, threading.Condition) else cond()
+                with sleeper:
                     if not done():
-                        cond.wait(pause)
+                        sleeper.wait(pause)
         finally:
             if leading:
                 with self._count_lock:
                     self._leaders -= 1
+
+    def kick(self) -> None:
+        """Make sure somebody polls soon (frames wait in a batch): wake the background waiter if nobody leads."""
+        if not self._leaders:
+            self._wake_background()
 
     def _wake_background(self) -> None:
         bg = self._background_cond

@@ -66,6 +66,8 @@ class Kind:
     DEAD: Final = 13
     #: worker -> controller: output lines: (stream 1|2, [(label, text), ...])
     LOG: Final = 14
+    #: any -> any: several frames to one process in one message: ([frame_bytes, ...],)
+    BATCH: Final = 15
 
 
 #: kind -> its name, for messages.

@@ -16,6 +16,17 @@ hand-off, ~50 us on the VMs measured.  Sends are non-blocking (``Isend``): two
 ranks flooding each other with blocking sends while neither receives would
 deadlock.
 
+Small frames to one process in a burst are coalesced.  A frame leaves at once
+unless it follows another to the same process within ``_BURST`` seconds with
+no poll in between (a caller issuing calls without waiting, an actor
+answering a backlog); such frames wait, up to ``_MAX_BATCH``, and leave
+together as one ``BATCH`` message at the next poll of any thread of this
+process, which every waiting thread does at once.  A call followed by a wait
+(``call_one().get()``) is never held back.
+An MPI message costs ~2 us to send and ~1.5 us to receive here, against
+~0.5 us to pickle a small frame: a pipelined caller and an actor answering a
+backlog spend most of their time in MPI without it.
+
 Raw buffers (the data plane's out-of-band tensors and arrays) are sent from
 the caller's memory without a copy and received into pooled blocks
 (``_buffers.recv_buffer``) that stay faulted in between messages.
@@ -51,12 +62,34 @@ _FAILED_CLASSES = {
 # Raw buffers from this size on keep the sender polling tight until they are sent.
 _BULK = 1 << 20
 
+_KIND_BATCH = Kind.BATCH
+
 # Frames without out-of-band buffers share this (never mutated) list.
 _NO_BUFFERS: list[Any] = []
+
+# A frame sent this soon after the previous one to the same process, with no
+# poll in between, joins a batch instead of leaving at once.
+_BURST = 1e-3
+# A batch leaves when it holds this many frames, even before a poll.
+_MAX_BATCH = 64
 
 # Frames handled per poll before returning to the waiter loop, so that a flood
 # of incoming messages cannot starve the waiter's own check.
 _BATCH = 64
+
+
+class _Out:
+    """Frames waiting to leave for one process, and when it was last sent to."""
+
+    __slots__ = ("link", "rank", "last", "polls", "frames")
+
+    def __init__(self, link: _Link, rank: int) -> None:
+        self.link = link
+        self.rank = rank
+        self.last = 0.0
+        # the router's poll count at the last send
+        self.polls = -1
+        self.frames: list[bytes] = []
 
 
 class _Link:
@@ -107,8 +140,16 @@ class Router:
         self._status = MPI.Status()
         self.frames_in = 0
         self.frames_out = 0
+        #: statistics: BATCH messages sent (each carrying 2.._MAX_BATCH frames)
+        self.batches_out = 0
         #: when this process last sent a frame (time.monotonic)
         self.sent_at = 0.0
+        # (link, rank) -> its coalescing state; batches waiting to leave
+        self._out: dict[tuple[_Link, int], _Out] = {}
+        self._held: list[_Out] = []
+        self._polls = 0
+        #: called when a frame is held back for a batch and none was (wake a poller)
+        self.on_hold: Callable[[], None] | None = None
 
     # -- wiring ------------------------------------------------------------
 
@@ -137,6 +178,10 @@ class Router:
             if link is None:
                 return None
             self._links.remove(link)
+        with self._send_lock:
+            # frames held for the island's processes go nowhere now
+            for key in [k for k in self._out if k[0] is link]:
+                self._out.pop(key).frames.clear()
         return link.comm
 
     def islands(self) -> list[int]:
@@ -173,9 +218,32 @@ class Router:
     def _post(self, link: _Link, rank: int, data: bytes, buffers: Sequence[Any]) -> None:
         comm = link.comm
         sends = self._sends
+        now = time.monotonic()
         try:
             with self._send_lock:
-                req = comm.Isend([data, MPI.BYTE], rank, TAG_FRAME)
+                self.frames_out += 1
+                self.sent_at = now
+                out = self._out.get((link, rank))
+                if out is None:
+                    out = self._out[link, rank] = _Out(link, rank)
+                if out.frames:
+                    if not buffers:
+                        out.last = now
+                        out.frames.append(data)
+                        if len(out.frames) >= _MAX_BATCH:
+                            self._release(out)
+                        return
+                    self._release(out)  # frames leave in order
+                elif not buffers and out.polls == self._polls and now - out.last < _BURST:
+                    out.last = now
+                    out.frames.append(data)
+                    self._held.append(out)
+                    if self.on_hold is not None:
+                        self.on_hold()
+                    return
+                out.last = now
+                out.polls = self._polls
+                req = comm.Isend(data, rank, TAG_FRAME)
                 if buffers:
                     sends.append((req, data, False))
                     for buf in buffers:
@@ -187,14 +255,40 @@ class Router:
                     # A small frame usually leaves at once (eager protocol);
                     # keep the rest alive until MPI is done with them.
                     sends.append((req, data, False))
-                self.frames_out += 1
-                self.sent_at = time.monotonic()
                 if sends:
                     self._reap()
         except MPI.Exception as exc:
             if exc.Get_error_class() not in _FAILED_CLASSES:
                 raise
             raise ConnectionError(f"process {link.source(rank)} has failed: {exc.Get_error_string()}") from None
+
+    def _release(self, out: _Out) -> None:
+        # Send the frames held for one process as one message (send lock held).
+        frames = out.frames
+        out.frames = []
+        if len(frames) == 1:
+            data = frames[0]
+        else:
+            data = pickle.dumps((Kind.BATCH, None, frames), protocol=5)
+            self.batches_out += 1
+        req = out.link.comm.Isend(data, out.rank, TAG_FRAME)
+        if not req.Test():
+            self._sends.append((req, data, False))
+
+    def flush(self) -> None:
+        """Send every batch held back; a failed peer's batch is dropped (liveness reports it)."""
+        if not self._held:
+            return
+        with self._send_lock:
+            held, self._held = self._held, []
+            for out in held:
+                if not out.frames:
+                    continue
+                try:
+                    self._release(out)
+                except MPI.Exception as exc:
+                    if exc.Get_error_class() not in _FAILED_CLASSES:
+                        raise
 
     def _reap(self) -> None:
         # Called with the send lock held.
@@ -219,7 +313,8 @@ class Router:
             self._ticks.append(tick)
 
     def pending_sends(self) -> int:
-        """Sends not yet complete."""
+        """Sends not yet complete (batches held back are sent first)."""
+        self.flush()
         with self._send_lock:
             self._reap()
             return len(self._sends)
@@ -228,6 +323,9 @@ class Router:
 
     def poll(self) -> int:
         """Receive what has arrived and dispatch it; returns the number of frames."""
+        self._polls += 1
+        if self._held:
+            self.flush()
         got: list[tuple[Addr, Frame, list[Any]]] = []
         failures: list[tuple[list[Addr], str]] | None = None
         settle: list[Callable[[], None]] | None = None
@@ -251,7 +349,7 @@ class Router:
                 comm = link.comm
                 while len(got) < _BATCH:
                     try:
-                        msg = comm.Improbe(MPI.ANY_SOURCE, TAG_FRAME, status)
+                        msg = comm.improbe(MPI.ANY_SOURCE, TAG_FRAME, status)
                     except MPI.Exception as exc:
                         if exc.Get_error_class() not in _FAILED_CLASSES:
                             raise
@@ -262,11 +360,14 @@ class Router:
                     if msg is None:
                         break
                     src = status.Get_source()
-                    data = bytearray(status.Get_count(MPI.BYTE))
-                    msg.Recv([data, MPI.BYTE])
-                    frame = pickle.loads(data)
+                    # mpi4py receives and unpickles in one call (0.4 us
+                    # faster than Recv into a bytearray, then loads).
+                    frame = msg.recv()
                     if frame[1]:
                         got.append((link.source(src), frame, self._recv_buffers(comm, src, frame[1])))
+                    elif frame[0] == _KIND_BATCH:
+                        source = link.source(src)
+                        got.extend([(source, pickle.loads(data), _NO_BUFFERS) for data in frame[2]])
                     else:
                         got.append((link.source(src), frame, _NO_BUFFERS))
         if settle:

@@ -25,7 +25,7 @@ from ._actor_host import ActorHost
 from ._liveness import start_last_words
 from ._mpi import MPI, hostname
 from ._ports import PortTable
-from ._progress import Progress
+from ._progress import Progress, Waitable
 from ._protocol import HANDLERS, NAMES, Frame, Key, Kind, Status
 from ._router import CONTROLLER, Addr, Router
 from .config import settings
@@ -91,6 +91,7 @@ class Runtime:
         self.pid = os.getpid()
         self.router = Router(addr, self._dispatch, self._mpi_failed)
         self.progress = Progress(self._poll, lambda: self.router.sent_at)
+        self.router.on_hold = self.progress.kick
         self.ports = PortTable()
         self.actors = ActorHost(self)
         self.controller: Controller | None = None
@@ -127,7 +128,7 @@ class Runtime:
         """A job-wide unique id: this address plus a counter."""
         return (self.addr[0], self.addr[1], next(self._ids))
 
-    def wait(self, done: Callable[[], bool], cond: threading.Condition, timeout: float | None) -> bool:
+    def wait(self, done: Callable[[], bool], cond: Waitable, timeout: float | None) -> bool:
         """Wait for ``done()``, driving progress (see ``_progress``)."""
         return self.progress.wait(done, cond, timeout)
 
@@ -334,6 +335,9 @@ class Runtime:
         getattr(self.controller, HANDLERS[frame[0]])(src, frame, buffers)
 
     _on_hello = _on_bye = _on_forward = _on_procs = _on_log = _controller_only
+
+    def _on_batch(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        raise MeshInternalError(f"BATCH frame from {src} reached the dispatcher of {self.addr}: the router expands it")
 
 
 def current() -> Runtime:

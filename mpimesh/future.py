@@ -28,9 +28,17 @@ R = TypeVar("R")
 # States in which a future never changes again (concurrent.futures' names).
 _SETTLED = frozenset(("FINISHED", "CANCELLED", "CANCELLED_AND_NOTIFIED"))
 _FINISHED = "FINISHED"
+_PENDING = "PENDING"
 
-# Installed by the runtime: wait(done, cond, timeout) -> bool, driving progress.
-_driver: Callable[[Callable[[], bool], threading.Condition, float | None], bool] | None = None
+# The attributes concurrent.futures.Future.__init__ sets that are created on
+# first use here (tests/test_future.py pins the list against the stdlib).
+_LAZY = ("_condition", "_waiters", "_done_callbacks")
+# Orders a lazy creation against a settle that finds none (see set_result).
+_lazy_lock = threading.Lock()
+
+# Installed by the runtime: wait(done, cond, timeout) -> bool, driving progress;
+# cond is called for the condition to sleep on, only if the wait sleeps.
+_driver: Callable[[Callable[[], bool], Callable[[], threading.Condition], float | None], bool] | None = None
 
 
 class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
@@ -43,8 +51,55 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
     """
 
     def __init__(self, what: str = "") -> None:
-        super().__init__()
+        # Not super().__init__(): its Condition (an RLock, a deque and seven
+        # bound methods) was the largest cost of issuing a call, and most
+        # futures are settled before anybody sleeps on them.  The condition,
+        # the waiter list and the callbacks are made on first use.
+        self._state = _PENDING
+        self._result = None
+        self._exception = None
         self._what = what
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _LAZY:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        with _lazy_lock:
+            made = self.__dict__
+            if "_condition" not in made:
+                made["_condition"] = threading.Condition()
+                made["_waiters"] = []
+                made["_done_callbacks"] = []
+            return made[name]
+
+    def _cond(self) -> threading.Condition:
+        return self._condition
+
+    def _settle_unwatched(self, result: Any, exception: BaseException | None) -> bool:
+        # Settle without a condition if none exists yet: nobody can be
+        # sleeping on one, waiting in concurrent.futures.wait, or holding a
+        # callback.  Under the lock that creation takes, so that a thread
+        # creating the condition now sees the state already settled.
+        if "_condition" in self.__dict__:
+            return False
+        with _lazy_lock:
+            if "_condition" in self.__dict__:
+                return False
+            if self._state in _SETTLED:
+                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+            self._result = result
+            self._exception = exception
+            self._state = _FINISHED
+        return True
+
+    def set_result(self, result: Any) -> None:
+        """Settle with a value (the runtime calls this, users do not)."""
+        if not self._settle_unwatched(result, None):
+            super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """Settle with an exception (the runtime calls this, users do not)."""
+        if not self._settle_unwatched(None, exception):
+            super().set_exception(exception)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
@@ -65,7 +120,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         elif settings.show_waits > 0:
             ok = self._wait_showing(driver, timeout, settings.show_waits)
         else:
-            ok = driver(self.done, self._condition, timeout)
+            ok = driver(self.done, self._cond, timeout)
         if not ok:
             raise TimeoutError(
                 f"{self!r} not done after {timeout:g} s; call get() again to keep waiting, or raise the timeout"
@@ -78,7 +133,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         while True:
             now = time.monotonic()
             chunk = every if deadline is None else min(every, deadline - now)
-            if driver(self.done, self._condition, max(0.0, chunk)):
+            if driver(self.done, self._cond, max(0.0, chunk)):
                 return True
             now = time.monotonic()
             if deadline is not None and now >= deadline:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+import time
 
 import pytest
 
@@ -40,3 +42,56 @@ def test_exception_and_await() -> None:
         assert await Future.completed(4).as_asyncio() == 4
 
     asyncio.run(main())
+
+
+def test_stdlib_future_attributes_are_the_ones_made_lazily() -> None:
+    """Future skips concurrent.futures.Future.__init__: pin what that sets."""
+    from mpimesh import future
+
+    made = set(vars(concurrent.futures.Future()))
+    assert made == {"_state", "_result", "_exception", *future._LAZY}
+
+
+def test_settled_before_anyone_waits() -> None:
+    """A future settled with no waiter still serves every stdlib entry point."""
+    fut: Future[int] = Future("early")
+    fut.set_result(7)
+    assert "_condition" not in vars(fut)
+    seen: list[int] = []
+    fut.add_done_callback(lambda f: seen.append(f.result()))
+    assert seen == [7] and fut.result(0) == 7 and fut.done() and not fut.cancelled()
+    assert [f.result() for f in concurrent.futures.as_completed([fut], timeout=1)] == [7]
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        fut.set_result(8)
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        fut.set_exception(ValueError())
+
+
+def test_settled_by_another_thread_wakes_stdlib_waiters() -> None:
+    """wait(), as_completed() and callbacks registered first see a later settle."""
+    futs: list[Future[int]] = [Future(f"f{i}") for i in range(3)]
+    seen: list[int] = []
+    futs[0].add_done_callback(lambda f: seen.append(f.result()))
+
+    def settle() -> None:
+        time.sleep(0.02)
+        futs[0].set_result(0)
+        futs[1].set_exception(KeyError("k"))
+        futs[2].set_result(2)
+
+    threading.Thread(target=settle).start()
+    done, _ = concurrent.futures.wait(futs, timeout=5, return_when=concurrent.futures.FIRST_COMPLETED)
+    assert done
+    got = {f._what: f.exception() for f in concurrent.futures.as_completed(futs, timeout=5)}
+    assert got["f0"] is None and isinstance(got["f1"], KeyError) and got["f2"] is None
+    assert seen == [0] and futs[2].get(0) == 2
+    with pytest.raises(KeyError):
+        futs[1].get(0)
+
+
+def test_cancel_a_pending_future() -> None:
+    """cancel() works on a future nobody waited on."""
+    fut: Future[int] = Future("c")
+    assert fut.cancel() and fut.cancelled() and fut.done()
+    with pytest.raises(concurrent.futures.CancelledError):
+        fut.result(0)
