@@ -153,6 +153,11 @@ class Progress:
                     leading = False
                     with self._count_lock:
                         self._leaders -= 1
+                    # A reply is still expected: the background waiter must
+                    # not be in its deep back-off (it added up to 2 deep naps,
+                    # ~16 ms, to a first call after an idle second).
+                    self._background_sleep = 2e-5
+                    self._last_traffic = now
                     self._wake_background()
                 elif not leading and not self._background:
                     # Nobody polls in the background (a worker still booting,
@@ -226,9 +231,8 @@ class Progress:
         deadline = None if timeout is None else now + timeout
         # The back-off survives between calls: the serve loop returns every
         # few hundred ms to check on its controller.
-        sleep = self._background_sleep
         while True:
-            self._background_sleep = sleep
+            sleep = self._background_sleep
             if done():
                 return True
             now = time.monotonic()
@@ -250,12 +254,11 @@ class Progress:
                 self.background_polls += 1
                 if handled:
                     self._last_traffic = time.monotonic()
-                    sleep = 2e-5
+                    self._background_sleep = 2e-5
                     continue
                 quiet = now - self._last_traffic
                 ceiling = self._deep_sleep if quiet > _DEEP_AFTER else self._max_sleep
-                sleep = min(ceiling, max(2e-5, sleep * 2))
-                pause = sleep
+                pause = self._background_sleep = min(ceiling, max(2e-5, sleep * 2))
             else:
                 pause = self._max_sleep
             if deadline is not None:
