@@ -274,10 +274,13 @@ def test_repeated_same_size_messages_reuse_pooled_buffers(store: object) -> None
     x = torch.randn(1 << 20)
     one.total.call_one(x).get(30)
     before = one.pool.call_one().get(30)
-    for _ in range(5):
+    for _ in range(10):
         one.total.call_one(x).get(30)
     after = one.pool.call_one().get(30)
-    assert after.hits - before.hits >= 5 and after.misses == before.misses
+    # The next call's buffer can arrive (on the worker's background poller)
+    # while the actor thread still holds the previous one, between sending
+    # its reply and returning: that costs one block, once.
+    assert after.hits - before.hits >= 9 and after.misses - before.misses <= 1
 
 
 @pytest.mark.mesh
