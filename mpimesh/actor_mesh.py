@@ -78,7 +78,7 @@ class Endpoint(Generic[R]):
         """
         mesh = self._mesh
         fut: Future[ValueMesh[R]] = Future(f"{mesh._name}.{self._info.name}.call()")
-        shape = Shape.row_major(mesh._shape.labels, mesh._shape.sizes)
+        shape = mesh._shape.dense()
         what = self._what
         self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Gather(fut, what, shape, addrs))
         return fut
@@ -116,7 +116,7 @@ class Endpoint(Generic[R]):
         mesh = self._mesh
         futures: list[Future[R]] = [Future(f"{mesh._name}.{self._info.name}.stream()[{i}]") for i in range(len(mesh))]
         what = self._what
-        shape = Shape.row_major(mesh._shape.labels, mesh._shape.sizes)
+        shape = mesh._shape.dense()
         self._send(args, kwargs, list(range(len(mesh))), lambda addrs: Stream(futures, what, addrs, shape))
         return iter(futures)
 

@@ -351,6 +351,18 @@ class Shape(_Value):
         dims = _check_ints(sizes, names, "sizes", "Shape")
         return cls(names, 0, dims, _row_major_strides(dims))
 
+    def dense(self) -> Shape:
+        """Return the row-major shape with these labels and sizes: this one if it already is.
+
+        Example:
+            >>> shape = Shape.row_major(("hosts", "gpus"), (2, 4))
+            >>> shape.dense() is shape, shape.slice({"gpus": 1}).dense() == Shape.row_major(("hosts",), (2,))
+            (True, True)
+        """
+        if self._offset == 0 and self._strides == _row_major_strides(self._extent.sizes):
+            return self
+        return Shape.row_major(self._extent.labels, self._extent.sizes)
+
     @classmethod
     def unity(cls) -> Shape:
         """Return the shape with no dimensions and one element, at base index 0."""

@@ -34,7 +34,7 @@ class ValueMesh(MeshTrait, Generic[R]):
                 f"expecting {len(shape)} values for mesh of size {len(shape)}, got {len(values)}; "
                 "pass one value per point in row-major order"
             )
-        self._shape = Shape.row_major(shape.labels, shape.sizes)
+        self._shape = shape.dense()
         self._base: list[R] = values
 
     @classmethod
@@ -111,4 +111,4 @@ class ValueMesh(MeshTrait, Generic[R]):
     __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ValueMesh, (Shape.row_major(self._shape.labels, self._shape.sizes), self.values()))
+        return (ValueMesh, (self._shape.dense(), self.values()))
