@@ -25,8 +25,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from .config import settings
+
+if TYPE_CHECKING:
+    from ._bell import Bell
 
 __all__ = ["Progress", "Waitable"]
 
@@ -75,6 +79,8 @@ class Progress:
         self._sent_at = sent_at
         # when a foreground thread last polled
         self._polled_at = 0.0
+        #: this process's doorbell (``_bell``): the background waiter sleeps on it
+        self.bell: Bell | None = None
         self._token = threading.Lock()
         self._spin = settings.spin_us * 1e-6
         self._max_sleep = settings.idle_sleep_us * 1e-6
@@ -203,7 +209,13 @@ class Progress:
         if not self._leaders:
             self._wake_background()
 
+    def wake(self) -> None:
+        """Wake the background waiter (its ``done()`` may have become true)."""
+        self._wake_background()
+
     def _wake_background(self) -> None:
+        if self.bell is not None:
+            self.bell.ring()
         bg = self._background_cond
         if bg is not None:
             with bg:
@@ -263,6 +275,15 @@ class Progress:
                 pause = self._max_sleep
             if deadline is not None:
                 pause = min(pause, max(0.0, deadline - now))
+            bell = self.bell
+            if bell is not None:
+                # Rung by a peer that sends after a pause, or by a thread here.
+                if not done() and bell.sleep(pause):
+                    # A message is on its way, but Open MPI may show it only
+                    # after a few polls: back off from the start again.
+                    self._background_sleep = 2e-5
+                    self._last_traffic = time.monotonic()
+                continue
             with cond:
                 if not done():
                     cond.wait(pause)

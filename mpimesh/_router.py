@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _buffers
+from ._bell import RING_AFTER
 from ._mpi import MPI
 from ._protocol import CONTROLLER, TAG_DATA, TAG_FRAME, Frame, Kind
 
@@ -150,6 +151,8 @@ class Router:
         self._polls = 0
         #: called when a frame is held back for a batch and none was (wake a poller)
         self.on_hold: Callable[[], None] | None = None
+        #: rings a peer's doorbell (``_bell``) after a frame that follows a pause
+        self.ring: Callable[[Addr], None] | None = None
 
     # -- wiring ------------------------------------------------------------
 
@@ -241,9 +244,12 @@ class Router:
                     if self.on_hold is not None:
                         self.on_hold()
                     return
+                paused = now - out.last > RING_AFTER
                 out.last = now
                 out.polls = self._polls
                 req = comm.Isend(data, rank, TAG_FRAME)
+                if paused and self.ring is not None:
+                    self.ring(link.source(rank))
                 if buffers:
                     sends.append((req, data, False))
                     for buf in buffers:

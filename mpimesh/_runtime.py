@@ -34,6 +34,7 @@ from .supervision import MeshFailure
 
 if TYPE_CHECKING:
     from ._actor_host import _Cell
+    from ._bell import Ringer
     from ._controller import Controller
     from ._liveness import Liveness
     from .shape import Shape
@@ -108,6 +109,8 @@ class Runtime:
         self._mpi_reported: dict[Addr, tuple[float, str]] = {}
         # workers: when the controller was last heard from
         self.heard_controller = time.monotonic()
+        # rings other processes' doorbells (see open_bell)
+        self.ringer: Ringer | None = None
         # stdout/stderr forwarders of a worker (see _logs)
         self.forwarders: list[Any] = []
         self.cond = threading.Condition()
@@ -242,6 +245,8 @@ class Runtime:
         if addr in self.dead:
             return
         self.dead[addr] = report
+        if self.ringer is not None:
+            self.ringer.forget(addr)
         if addr == CONTROLLER:
             return
         self.ports.fail_source(addr, report)
@@ -278,6 +283,29 @@ class Runtime:
             self.exit_code = code
             self.stopping = True
             self.cond.notify_all()
+        self.progress.wake()
+
+    def open_bell(self) -> None:
+        """Sleep on a doorbell and ring peers' (``_bell``); needs the controller's pid."""
+        from ._bell import Bell, Ringer, bell_path
+
+        try:
+            bell = Bell(bell_path(self.controller_pid, self.addr))
+        except OSError as exc:
+            debug(f"no doorbell ({exc}): idle naps only")
+            return
+        self.ringer = Ringer(self.controller_pid)
+        self.router.ring = self.ringer.ring
+        self.progress.bell = bell
+
+    def close_bell(self) -> None:
+        """Remove this process's doorbell (at exit)."""
+        bell, self.progress.bell = self.progress.bell, None
+        self.router.ring = None
+        if bell is not None:
+            bell.close()
+        if self.ringer is not None:
+            self.ringer.close()
 
     # -- dispatch ----------------------------------------------------------
 
@@ -386,6 +414,7 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Runtime:
     infos = comm.allgather((rt.host, rt.pid))
     comm.bcast(list(sys.path), root=0)
     rt.controller = Controller(rt, [((0, r), host, pid) for r, (host, pid) in enumerate(infos) if r > 0])
+    rt.open_bell()
     _install(rt)
     rt.controller.start()
     if embedded:
@@ -405,6 +434,7 @@ def boot_pool(world: MPI.Intracomm) -> Runtime:
     infos = comm.allgather((rt.host, rt.pid))
     rt.controller_host, rt.controller_pid = infos[0]
     start_last_words(rt.controller_pid, rt.addr)
+    rt.open_bell()
     path = comm.bcast(None, root=0)
     for entry in reversed(path):
         if entry not in sys.path:
@@ -431,5 +461,6 @@ def boot_spawned(island: int) -> Runtime:
     if not rt.wait(lambda: rt.initialized, rt.cond, settings.spawn_timeout):
         raise TimeoutError(f"spawned worker {rt.addr} got no INIT from the controller in {settings.spawn_timeout:g} s")
     start_last_words(rt.controller_pid, rt.addr)
+    rt.open_bell()
     rt.router.send(CONTROLLER, (Kind.HELLO, None, rt.host, rt.pid))
     return rt

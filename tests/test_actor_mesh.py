@@ -274,6 +274,18 @@ def test_a_burst_without_a_wait_still_leaves_promptly(echo: object) -> None:
     assert one.last_stamp.call_one().get(10) - sent < 0.25
 
 
+def test_every_process_of_the_job_has_a_doorbell(echo: object) -> None:
+    """Idle processes sleep on a FIFO that a sender after a pause rings (same host)."""
+    import stat
+
+    from mpimesh import _current
+    from mpimesh._bell import bell_path
+
+    rt = _current.current()
+    for addr in {*echo._addrs, rt.addr}:  # type: ignore[attr-defined]
+        assert stat.S_ISFIFO(os.stat(bell_path(rt.controller_pid, addr)).st_mode), addr
+
+
 def test_keyword_arguments_and_nested_values(echo: object) -> None:
     """Arguments keep their structure, keywords included."""
     value = {"a": [1, 2.5, "x"], "b": (None, b"raw")}
