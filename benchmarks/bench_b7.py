@@ -44,6 +44,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +134,7 @@ def child(how: str, rounds: int, cap: float) -> None:
         except Exception as exc:
             row["stop"] = f"{type(exc).__name__}: {exc}"
         print("B7ROUND " + json.dumps(row), flush=True)
+    shutil.rmtree(stamps, ignore_errors=True)
     end = {"mpi_library": MPI.Get_library_version().splitlines()[0].rstrip("\x00 "), "failures": len(failures)}
     print("B7END " + json.dumps(end), flush=True)
 
