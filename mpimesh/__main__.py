@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     code = _run(kind, target, args)
     sys.stdout.flush()
     if rt.controller is not None:
-        rt.controller.leave(code)
+        code = rt.controller.leave(code)
     return code
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _serialize
+from ._job_status import set_job_exit_status
 from ._logs import Printer
 from ._mpi import MPI, fault_tolerant, library
 from ._ports import Gather
@@ -81,6 +82,8 @@ class Controller:
 
         if not self.procs:
             _remove_stale_sessions()
+            if self.fault_tolerant:
+                _recoverable_spawns()
         rt = self.rt
         rt.liveness = Liveness(rt)
         rt._heard = rt.liveness.last_heard
@@ -390,25 +393,59 @@ class Controller:
         self._service.shutdown(wait=False, cancel_futures=True)
         if rt.liveness is not None:
             rt.liveness.close()
+        # Every worker has stopped: only now may the launcher hear the status
+        # (the default fault hook leaves with os._exit(1) right after this).
+        set_job_exit_status(code if clean and not self.unconfirmed else code or 1)
         return clean
 
-    def leave(self, code: int) -> None:
+    def leave(self, code: int) -> int:
         """End this process after :meth:`shutdown`, in bounded time.
 
         Finalizes MPI unless a process of the job has died (MPI_Finalize can
         then spin forever), aborting the job if some process may still hang.
+
+        Returns:
+            The status this process should exit with: ``code``, or 0 when
+            the launcher already holds ``code`` as the job's status
+            (``_job_status``).
         """
         clean = self.shutdown(code)
         sys.stdout.flush()
         sys.stderr.flush()
+        status = code if clean and not self.unconfirmed else code or 1
+        own = 0 if set_job_exit_status(status) else code
         if not clean or self.unconfirmed:
-            MPI.COMM_WORLD.Abort(code or 1)
+            MPI.COMM_WORLD.Abort(status)
         if self.rt.dead and library().startswith("Open MPI"):
-            os._exit(code)
+            os._exit(own)
+        return own
 
     def shutdown_at_exit(self) -> None:
         """Atexit hook of an embedded controller (``python script.py``)."""
         self.leave(1 if self.failed_exit else 0)
+
+
+#: PRRTE settings that let a spawned job outlive one of its processes (issue #3).
+#: Without ``recoverable`` the singleton's PRRTE kills the rest of a
+#: ``spawn_procs()`` group ~0.25 s after one of them dies; without
+#: ``error_non_zero_exit=0`` a member's non-zero exit counts twice towards the
+#: job's end (PRRTE 3.0.14 ``errmgr_dvm``) and ends the group just the same.
+SPAWN_RECOVERY = {
+    "PRTE_MCA_state_base_recoverable": "1",
+    "PRTE_MCA_state_base_error_non_zero_exit": "0",
+}
+
+
+def _recoverable_spawns() -> None:
+    """Make the jobs that this singleton will spawn survive the death of a member.
+
+    A singleton starts its PRRTE at its first ``MPI_Comm_spawn``, with this
+    process's environment, so the settings go there before any spawn.  A value
+    the user set wins.
+    """
+    if library().startswith("Open MPI"):
+        for name, value in SPAWN_RECOVERY.items():
+            os.environ.setdefault(name, value)
 
 
 def _remove_stale_sessions() -> None:

@@ -6,8 +6,11 @@ mpi4py loads, and with defaults that suit mpimesh:
 
 * Open MPI 5: ``--with-ft ulfm`` (fault tolerance: a dead rank raises
   ``MPI_ERR_PROC_FAILED`` in the survivors instead of aborting the job; off
-  with ``--no-ft``); ``--mca btl ^ofi --mca mtl ^ofi`` on a single node
-  unless ``OMPI_MCA_btl``/``OMPI_MCA_mtl`` are set (libfabric's provider
+  with ``--no-ft``), and from 5.0.9 on the PRRTE settings of
+  :data:`ULFM_RUNTIME` (a worker that exits non-zero is a dead rank, not the
+  end of the job; the job's status is still the script's); ``--mca btl
+  ^ofi --mca mtl ^ofi`` on a single node unless
+  ``OMPI_MCA_btl``/``OMPI_MCA_mtl`` are set (libfabric's provider
   probing adds ~1 s to every ``MPI_Init`` and spawn, and a single node needs
   no network fabric); ``--bind-to none`` unless a binding policy is set in
   the environment (ranks are multi-threaded: progress thread, torch); the
@@ -544,6 +547,33 @@ _ROOT_VARS = (
 )
 
 
+# Under ULFM (issue #3): PRRTE must not end the job when a worker *exits*
+# non-zero (it counts such an exit twice towards the job's end: at the third
+# os._exit(1) of a 7-rank job the whole job ended with status 1), and the
+# processes a pool without room spawns must survive a dead sibling like the
+# launch pool does.  With error_non_zero_exit=0 PRRTE drops every rank's exit
+# status, so the controller hands its own to PRRTE (mpimesh/_job_status.py),
+# which Open MPI's PRRTE records from 5.0.9 on (PRRTE 3.0.12).
+ULFM_RUNTIME = {
+    "PRTE_MCA_state_base_error_non_zero_exit": "0",
+    "PRTE_MCA_state_base_recoverable": "1",
+    "MPIMESH_PMIX_EXIT_STATUS": "1",
+}
+_ULFM_RUNTIME_SINCE = (5, 0, 9)
+
+
+def records_job_status(lib: MpiLibrary) -> bool:
+    """Return whether *lib*'s launcher takes the job's exit status from the controller under ULFM.
+
+    True for Open MPI 5.0.9 and later (PRRTE 3.0.12), where ``mpimesh run``
+    therefore makes a worker's non-zero exit survivable (:data:`ULFM_RUNTIME`).
+    """
+    if lib.vendor != "openmpi" or not lib.ulfm:
+        return False
+    parts = re.findall(r"\d+", lib.version or "")[:3]
+    return len(parts) == 3 and tuple(int(p) for p in parts) >= _ULFM_RUNTIME_SINCE
+
+
 # Open MPI 4 (ORTE) and 5 (PRRTE) names of the binding policy; if the user
 # set either, their binding stands.
 _BINDING_VARS = ("OMPI_MCA_hwloc_base_binding_policy", "PRTE_MCA_hwloc_default_binding_policy")
@@ -615,6 +645,8 @@ def build_command(
     if lib.vendor == "openmpi":
         if opts.ft and lib.ulfm:
             argv += ["--with-ft", "ulfm"]
+            if records_job_status(lib):
+                added.update({name: value for name, value in ULFM_RUNTIME.items() if name not in environ})
         if not _multi_node(environ):
             # libfabric's provider probing costs ~1 s per MPI_Init and per
             # spawn; excluding the btl alone removes it here (measured), the

@@ -16,6 +16,7 @@ import time
 import traceback
 
 from . import _runtime
+from ._job_status import set_job_exit_status
 from ._liveness import stop_last_words
 from ._logs import drain_all, install_forwarders
 from ._mpi import MPI, library
@@ -51,6 +52,10 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
         if not rt.stopping and not _controller_alive(rt):
             print(f"mpimesh worker {rt.addr}: controller (pid {rt.controller_pid}) is gone; exiting",
                   file=sys.stderr, flush=True)
+            if not spawned:
+                # The controller died before it could give the job its status
+                # (killed by a signal): under ULFM the launcher would exit 0.
+                set_job_exit_status(1)
             os._exit(1)
     cells = rt.actors.stop_all("job shutdown", lambda: None)
     stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
@@ -64,10 +69,26 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
         rt.progress.poll_once()
         time.sleep(1e-4)
     if spawned:
-        parent = MPI.Comm.Get_parent()
-        with rt.router.lock:
-            parent.Disconnect()
+        _disconnect_parent(rt)
     return rt.exit_code
+
+
+def _disconnect_parent(rt: _runtime.Runtime) -> None:
+    # The controller disconnects only from an island that is whole
+    # (_controller._close_island): once a sibling has died (issue #3: the
+    # island now outlives it), MPI_Comm_disconnect fails ("Server not
+    # available", MPI_ERR_COMM on Open MPI 5).  A disconnect the controller
+    # does not join would wait: the watchdog bounds it.
+    if any(addr[0] == rt.addr[0] for addr in rt.dead):
+        return
+    watchdog = threading.Timer(settings.shutdown_timeout, os._exit, args=(rt.exit_code,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        with rt.router.lock:
+            MPI.Comm.Get_parent().Disconnect()
+    finally:
+        watchdog.cancel()
 
 
 def _finish(code: int, rt: _runtime.Runtime | None = None) -> int:

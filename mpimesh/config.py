@@ -52,6 +52,11 @@ class Config:
         show_waits: Print a progress line for waits (``get()``, spawning)
             longer than this many seconds (``MPIMESH_SHOW_WAITS``, 0: off).
         debug: Trace lines tagged ``[rank N]`` on stderr (``MPIMESH_DEBUG``).
+        pmix_exit_status: The launcher takes the job's exit status from the
+            controller through PMIx (``MPIMESH_PMIX_EXIT_STATUS``, set by
+            ``mpimesh run`` on Open MPI 5.0.9 and later together with
+            ``PRTE_MCA_state_base_error_non_zero_exit=0``; see
+            ``mpimesh/_job_status.py``).
     """
 
     spin_us: float = 2000.0
@@ -67,6 +72,7 @@ class Config:
     log_fold: float = 0.0
     show_waits: float = 0.0
     debug: bool = False
+    pmix_exit_status: bool = False
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -113,6 +119,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         log_fold=_number(env, "MPIMESH_LOG_FOLD", Config.log_fold),
         show_waits=_number(env, "MPIMESH_SHOW_WAITS", Config.show_waits),
         debug=(_get(env, "MPIMESH_DEBUG") or "0") not in ("", "0", "false", "no"),
+        pmix_exit_status=(_get(env, "MPIMESH_PMIX_EXIT_STATUS") or "0") not in ("", "0", "false", "no"),
     )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from mpitest import ROOT, python_cmd
-from test_faults import BUG_SPAWNED_ISLAND, assert_ended, info, run_job
+from test_faults import assert_ended, info, run_job
 
 pytestmark = pytest.mark.subprocess
 
@@ -42,6 +42,5 @@ def test_train_survives(launch: str) -> None:
                       r"trainers replaced: (\d+)\) OK$", out, re.M)
     assert final, job.describe()
     assert_ended(job, 0, pool_deaths=launch == "pool")
-    if launch == "spawned" and final.group(1) == "4":
-        pytest.xfail(BUG_SPAWNED_ISLAND)
+    # Only the killed trainer is replaced: its spawned siblings live on (issue #3).
     assert final.group(1) == "1", job.describe()

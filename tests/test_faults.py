@@ -75,22 +75,11 @@ BUG_STOPPED_NOT_KILLED = (
     "runtime bug: a launch-pool worker declared dead for silence (SIGSTOP, hung in C) is never killed, "
     "so at exit the survivors wait for it in MPI_Finalize and mpiexec never returns"
 )
-BUG_NONZERO_EXIT = (
-    "runtime bug: under `mpimesh run` (mpiexec --with-ft ulfm) PRRTE still treats a rank's non-zero exit "
-    "status as a job error (state_base_error_non_zero_exit=1): at the third worker that calls "
-    "os._exit(1) it ends the whole job with status 1 and no report, and with fewer such deaths the "
-    "survivors hang in MPI_Finalize"
-)
 BUG_ULFM_REPORT = (
     "runtime bug: when ULFM's MPI_ERR_PROC_FAILED reaches a process before the controller's report of the "
     "death (pidfd), the pending calls and the MeshFailure carry 'process 0.2 reported failed by MPI "
     "(MPI_ERR_PROC_FAILED: Process Failure)': no signal or exit status, and on a worker (an owner actor) "
     "neither pid nor host; the controller's fuller report that follows is dropped (apply_dead keeps the first)"
-)
-BUG_SPAWNED_ISLAND = (
-    "runtime bug: the processes of one spawn_procs() call are one MPI_Comm_spawn job, and when one of them "
-    "dies the singleton's PRRTE kills the rest of that job about 0.25 s later (mpi_ft_enable does not make "
-    "the spawned job survive), so the healthy slices of a spawned mesh fail too"
 )
 BUG_STREAM_RANK = (
     "runtime bug: a SupervisionError from stream() does not name the rank and coordinates "
@@ -235,11 +224,35 @@ def needs_ulfm(fault: str = "sigkill") -> None:
         pytest.skip("a worker's death is survivable only on Open MPI 5 with ULFM (README, 'Which MPI stacks')")
 
 
+@cache
+def records_job_status() -> bool:
+    """``mpimesh run`` makes a worker's non-zero exit survivable here (Open MPI 5.0.9 and later)."""
+    mpimesh = Path(sys.executable).parent / "mpimesh"
+    result = subprocess.run([str(mpimesh), "run", "-n", "2", "--dry-run", __file__], capture_output=True, text=True,
+                            timeout=60)
+    return "MPIMESH_PMIX_EXIT_STATUS=1" in result.stdout
+
+
+def needs_job_status(fault: str, launch: str) -> None:
+    """Skip where ``mpimesh run`` cannot make this death survivable (Open MPI before 5.0.9)."""
+    if (launch == "pool_no_room" or (launch, fault) == ("pool", "exit1")) and not records_job_status():
+        pytest.skip("under `mpimesh run` a worker's non-zero exit, and a spawned worker's death, are survivable "
+                    "from Open MPI 5.0.9 on (README, 'Which MPI stacks keep the survivors')")
+
+
 def job_cmd(launch: str, path: Path, *args: str, n: int = 7) -> list[str]:
-    """The command that runs ``path`` as the controller script."""
+    """The command that runs ``path`` as the controller script.
+
+    ``pool``: ``mpimesh run -n N``; ``spawned``: ``python -m mpimesh``, a
+    singleton; ``pool_no_room``: ``mpimesh run -n 1``, whose controller
+    spawns every process through ``mpiexec``'s runtime.
+    """
+    mpimesh = str(Path(sys.executable).parent / "mpimesh")
     if launch == "pool":
         # What users type: adds --with-ft ulfm (Open MPI 5), --oversubscribe when n > cores, root flags.
-        return [str(Path(sys.executable).parent / "mpimesh"), "run", "-n", str(n), str(path), *args]
+        return [mpimesh, "run", "-n", str(n), str(path), *args]
+    if launch == "pool_no_room":
+        return [mpimesh, "run", "-n", "1", "--oversubscribe", str(path), *args]
     return python_cmd("-m", "mpimesh", str(path), *args)
 
 
@@ -468,11 +481,6 @@ CAUSES = {
 }
 
 
-def _known_missing_row(fault: str, launch: str, job: Job) -> None:
-    if fault == "exit1" and launch == "pool" and not job.ended:
-        pytest.xfail(BUG_NONZERO_EXIT)
-
-
 def check_actor_error(row: dict[str, Any], adverb: str, text: str) -> None:
     where = rf"rank 0 \(hosts=0, gpus=0\) on {re.escape(row['host'])} in actor '{adverb}'"
     assert re.fullmatch(rf"remote call failed at {where}: {text}", row["message"]), row
@@ -582,10 +590,9 @@ def test_cell(fault: str, launch: str, adverb: str, tmp_path_factory: pytest.Tem
     fail at once.  Hangs: TimeoutError that does not consume the future.
     """
     needs_ulfm(fault)
+    needs_job_status(fault, launch)
     job = matrix_job(fault, launch, tmp_path_factory)
     row = job.rows.get(adverb)
-    if row is None:
-        _known_missing_row(fault, launch, job)
     assert row is not None, job.describe()
     check_cell(fault, launch, adverb, row)
     lost_cause(json.dumps(row))
@@ -599,8 +606,8 @@ def test_job(fault: str, launch: str, tmp_path_factory: pytest.TempPathFactory) 
     controller script exits 1 with its traceback; Ctrl-C exits 130.
     """
     needs_ulfm(fault)
+    needs_job_status(fault, launch)
     job = matrix_job(fault, launch, tmp_path_factory)
-    _known_missing_row(fault, launch, job)
     if fault == "controller_exception":
         assert_ended(job, 1, pool_deaths=False)
         assert job.stderr.count("ValueError: controller script failed 13") == 1, job.describe()
@@ -770,7 +777,7 @@ mesh = this_host().spawn_procs(per_host={"gpus": 2}).spawn("pair", W)
 pids = mesh.pid.call().get(30).values()
 emit(adverb="pids", value=pids, host=HOST)
 healthy, doomed = mesh.slice(gpus=0), mesh.slice(gpus=1)
-emit(adverb="kill", **outcome(lambda: doomed.fault.call_one("sigkill").get(10)))
+emit(adverb="kill", **outcome(lambda: doomed.fault.call_one(sys.argv[1]).get(10)))
 emit(adverb="whole_call", **outcome(lambda: mesh.pid.call().get(10)))
 emit(adverb="whole_stream", values=[outcome(lambda f=f: f.get(10)) for f in mesh.pid.stream()])
 emit(adverb="whole_broadcast", **outcome(lambda: mesh.pid.broadcast()))
@@ -787,17 +794,26 @@ print("END", flush=True)
 '''
 
 
-@pytest.mark.parametrize("launch", LAUNCHES)
-def test_healthy_slices_keep_working(launch: str, tmp_path: Path) -> None:
-    """After one process of a 2-process mesh dies, its half fails at once and the other half keeps serving."""
+@pytest.mark.parametrize("fault", CRASHES)
+@pytest.mark.parametrize("launch", [*LAUNCHES, "pool_no_room"])
+def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) -> None:
+    """After one process of a 2-process mesh dies, its half fails at once and the other half keeps serving.
+
+    However it dies, and however the mesh was made: launch-pool ranks, one
+    ``MPI_Comm_spawn`` job of a singleton, or one spawned through
+    ``mpiexec``'s runtime (a pool without room).  Spawned, the two processes
+    are one MPI job, which Open MPI's runtime used to end with its first
+    dead member (issue #3: ``_controller.SPAWN_RECOVERY``, ``_launcher.ULFM_RUNTIME``).
+    """
     needs_ulfm()
+    needs_job_status(fault, launch)
     path = tmp_path / "job.py"
     path.write_text(SLICES)
-    job = run_job(job_cmd(launch, path, n=3), timeout=60)
+    job = run_job(job_cmd(launch, path, fault, n=3), timeout=60)
     rows = job.rows
     assert "hook" in rows, job.describe()
     pids = rows["pids"]["value"]
-    died = proc_re(launch, {"pid": pids[1], "host": rows["pids"]["host"]}, CAUSES["sigkill"])
+    died = proc_re(launch, {"pid": pids[1], "host": rows["pids"]["host"]}, CAUSES[fault])
     rank1 = r"to rank 1 \(hosts=0, gpus=1\) failed: " + died
     # The slice gpus=1 has one dimension left: its only actor is rank 0 (hosts=0).
     kill = rows["kill"]["message"]
@@ -813,9 +829,6 @@ def test_healthy_slices_keep_working(launch: str, tmp_path: Path) -> None:
     assert rows["doomed_call_one"]["type"] == "SupervisionError", job.describe()
     assert rows["doomed_call_one"]["seconds"] < AT_ONCE, job.describe()
     failures = rows["hook"]["failures"]
-    if launch == "spawned" and rows["healthy_call_one"]["type"] == "SupervisionError" and \
-            [f["ranks"] for f in failures] == [[1], [0]]:
-        pytest.xfail(BUG_SPAWNED_ISLAND)
     assert (rows["healthy_call_one"]["type"], rows["healthy_call_one"]["value"]) == (None, pids[0]), job.describe()
     assert (rows["healthy_choose"]["type"], rows["healthy_choose"]["value"]) == (None, pids[0]), job.describe()
     assert (rows["healthy_broadcast"]["type"], rows["healthy_broadcast"]["value"]) == (None, None), job.describe()
@@ -861,6 +874,63 @@ def test_silent_worker_is_declared_dead(launch: str, tmp_path: Path) -> None:
     assert rows["later"]["type"] == "SupervisionError" and rows["later"]["seconds"] < AT_ONCE, job.describe()
     assert rows["recover"]["type"] is None, job.describe()
     assert_ended(job, 0, pool_deaths=launch == "pool", stopped=True)
+
+
+JOB_STATUS = PREAMBLE + r'''
+mode = sys.argv[1]
+mpimesh.unhandled_fault_hook = hook = Hook()
+# Three launch-pool workers exit with status 1: PRRTE used to end the whole job at the third.
+for i in range(3):
+    mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn(f"w{i}", W)
+    emit(adverb=f"exit{i}", pid=mesh.pid.call_one().get(30), host=HOST,
+         **outcome(lambda: mesh.fault.call_one("exit1").get(10)))
+live = this_host().spawn_procs(per_host={"gpus": 2}).spawn("live", W)
+emit(adverb="live", **outcome(lambda: live.pid.call().get(10).values()))
+print("END", flush=True)
+if mode == "exit":
+    sys.exit(3)
+if mode == "raise":
+    raise ValueError("controller script failed 17")
+if mode == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+#: The report Open MPI's launcher prints when it ends a job because a rank called abort.
+PRRTE_ABORT_REPORT = 'calling\n"abort"'
+
+
+@pytest.mark.parametrize(("mode", "status"), [("ok", 0), ("exit", 3), ("raise", 1), ("sigkill", None)])
+def test_job_status_is_the_scripts(mode: str, status: int | None, tmp_path: Path) -> None:
+    """Under ``mpimesh run``, workers that exit non-zero are deaths, and the job's status is still the script's.
+
+    ``sys.exit(3)`` gives 3, an uncaught exception 1 (traceback once), a
+    controller killed by a signal a non-zero status; no launcher report of an
+    abort, nothing left behind.
+    """
+    needs_ulfm()
+    needs_job_status("exit1", "pool")
+    path = tmp_path / "job.py"
+    path.write_text(JOB_STATUS)
+    job = run_job(job_cmd("pool", path, mode), timeout=60)
+    for i in range(3):
+        row = job.rows.get(f"exit{i}")
+        assert row is not None and row["type"] == "SupervisionError", job.describe()
+        died = proc_re("pool", row, CAUSES["exit1"])
+        assert re.fullmatch(rf"w{i}\.fault\(\) to rank 0 \(hosts=0, gpus=0\) failed: {died}", row["message"]), \
+            job.describe()
+        assert row["seconds"] < DETECT_BOUND, job.describe()
+    live = job.rows.get("live", {})
+    assert live.get("type") is None and len(live.get("value", [])) == 2, job.describe()
+    if status is None:  # the controller was killed: its workers end the job, non-zero
+        assert not job.hung and job.returncode not in (0, None), job.describe()
+        assert job.after_end is not None and job.after_end < EXIT_BOUND, job.describe()
+        assert job.orphans == [], job.describe()
+        return
+    assert_ended(job, status, pool_deaths=True)
+    assert PRRTE_ABORT_REPORT not in job.stderr, job.describe()
+    if mode == "raise":
+        assert job.stderr.count("ValueError: controller script failed 17") == 1, job.describe()
+    lost_cause(job.stdout)
 
 
 FALLBACK = PREAMBLE + r'''

@@ -21,6 +21,7 @@ import pytest
 
 from mpimesh import _launcher
 from mpimesh._launcher import (
+    ULFM_RUNTIME,
     Candidate,
     MpiLibrary,
     RunOptions,
@@ -35,6 +36,7 @@ from mpimesh._launcher import (
     parse_mpiexec_version,
     parse_run_args,
     probe_library,
+    records_job_status,
     want_oversubscribe,
 )
 
@@ -274,6 +276,10 @@ def test_build_command_openmpi5_as_root() -> None:
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "PRTE_ALLOW_RUN_AS_ROOT": "1",
         "PRTE_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # under ULFM a worker's non-zero exit is a dead rank, and the status is the script's (issue #3)
+        "PRTE_MCA_state_base_error_non_zero_exit": "0",
+        "PRTE_MCA_state_base_recoverable": "1",
+        "MPIMESH_PMIX_EXIT_STATUS": "1",
     }
 
 
@@ -301,7 +307,46 @@ def test_build_command_multi_node_keeps_fabric() -> None:
     assert argv == [
         "mpiexec", "-n", "8", "--with-ft", "ulfm", "--bind-to", "none", PY, "-m", "mpimesh", "a.py",
     ]
+    assert added == ULFM_RUNTIME
+
+
+@pytest.mark.parametrize(
+    ("version", "ulfm", "expected"),
+    [("5.0.11", True, True), ("5.0.9", True, True), ("5.1.0a1", True, True), ("6.0.0", True, True),
+     ("5.0.8", True, False), ("5.0.9", False, False), (None, True, False)],
+)
+def test_records_job_status(version: str | None, ulfm: bool, expected: bool) -> None:
+    """Open MPI 5.0.9 and later (PRRTE 3.0.12) with ULFM take the job's status from the controller."""
+    lib = MpiLibrary("openmpi", version, "Open MPI", None, ulfm=ulfm)
+    assert records_job_status(lib) is expected
+    assert records_job_status(MPICH) is False
+
+
+def test_build_command_ulfm_runtime_needs_open_mpi_5_0_9() -> None:
+    """Before Open MPI 5.0.9 (PRRTE 3.0.12) a non-zero exit stays a job error: else the status would be lost."""
+    old = MpiLibrary("openmpi", "5.0.8", "Open MPI v5.0.8, ...", "/venv/lib/libmpi.so.40", ulfm=True)
+    argv, added = build_command(old, "mpiexec", RunOptions(2, ["a.py"]), python=PY, environ={}, cpus=2, euid=1000)
+    assert argv[:5] == ["mpiexec", "-n", "2", "--with-ft", "ulfm"]
     assert added == {}
+
+
+def test_build_command_ulfm_runtime_respects_user_settings() -> None:
+    """A PRRTE setting the user made stands; --no-ft adds none of them."""
+    environ = {"PRTE_MCA_state_base_error_non_zero_exit": "1"}
+    _, added = build_command(OMPI5, "mpiexec", RunOptions(2, ["a.py"]), python=PY, environ=environ, cpus=2,
+                             euid=1000)
+    assert added == {"PRTE_MCA_state_base_recoverable": "1", "MPIMESH_PMIX_EXIT_STATUS": "1"}
+    _, added = build_command(OMPI5, "mpiexec", RunOptions(2, ["a.py"], ft=False), python=PY, environ={}, cpus=2,
+                             euid=1000)
+    assert added == {}
+
+
+def test_ulfm_runtime_reaches_the_controller() -> None:
+    """What the launcher sets is what the ranks' settings read (mpimesh.config)."""
+    from mpimesh.config import load
+
+    assert load({}).pmix_exit_status is False
+    assert load({"MPIMESH_PMIX_EXIT_STATUS": ULFM_RUNTIME["MPIMESH_PMIX_EXIT_STATUS"]}).pmix_exit_status is True
 
 
 def test_build_command_openmpi4_has_no_ulfm() -> None:
