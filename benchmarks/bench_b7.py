@@ -16,9 +16,9 @@ Modes, each ``--kills`` kill-and-recover rounds:
 * ``exit1``: spawned workers that call ``os._exit(1)`` inside the pending
   call; the time runs from just before the ``os._exit``, stamped by the
   worker with ``CLOCK_MONOTONIC`` (one clock for the whole host).
-* ``pool-exit1`` (not in the default set): the same with launch-pool workers;
-  today PRRTE ends such a job at the third non-zero exit (see the README's
-  runtime observations in this folder).
+* ``pool-exit1``: the same with launch-pool workers
+  (survivable since ``mpimesh run`` sets PRRTE's
+  ``state_base_error_non_zero_exit=0`` on Open MPI 5.0.9 and later).
 * ``raw``: the baseline, ULFM's own detection: a raw mpi4py job under
   ``mpiexec --with-ft ulfm -n R``; rank 0 has an ``irecv`` pending from rank
   i, SIGKILLs it, and times the ``MPI.Exception`` (``ERR_PROC_FAILED``).
@@ -60,7 +60,7 @@ from mpimesh import Actor, endpoint
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 BOUND_MS = {"pool": 100.0, "spawned": 2000.0, "exit1": 2000.0, "pool-exit1": 2000.0}
-MODES = ("pool", "spawned", "exit1", "raw")
+MODES = ("pool", "spawned", "exit1", "pool-exit1", "raw")
 
 
 # ---------------------------------------------------------------------------

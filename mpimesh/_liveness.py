@@ -115,6 +115,10 @@ class Liveness:
         self._by_addr[addr] = fd
         self._poller.register(fd, select.POLLIN)
 
+    def watches(self, addr: Addr) -> bool:
+        """Whether ``addr``'s exit is seen through a pidfd (a worker on this host)."""
+        return addr in self._by_addr
+
     def forget(self, addr: Addr) -> None:
         """Stop watching (the worker said BYE, or is known dead)."""
         self.last_heard.pop(addr, None)

@@ -43,8 +43,9 @@ __all__ = ["Runtime", "current", "boot_controller", "debug"]
 
 _runtime: Runtime | None = None
 
-# How long a worker waits for the controller's report of a death that ULFM
-# told it about first, before failing its waits with ULFM's poorer message.
+# How long a process waits for the fuller report of a death that ULFM told it
+# about first (a worker: the controller's DEAD notice; the controller: its
+# pidfd), before failing its waits with ULFM's poorer message.
 _MPI_REPORT_GRACE = 0.2
 # How often the controller looks at its workers' pidfds while polling.
 _CHECK_EVERY = 0.001
@@ -207,15 +208,23 @@ class Runtime:
                   file=sys.stderr, flush=True)
 
     def _mpi_failed(self, addrs: list[Addr], text: str) -> None:
-        # ULFM reported dead peers.  The controller declares them dead for
-        # everyone; a worker fails what it waits for and hears the rest.
+        # ULFM reported dead peers.  Its report has no cause (signal, exit
+        # status), and on a worker no pid or host either: the controller's
+        # pidfd and last words give those, usually within milliseconds, so
+        # wait for them a moment before settling for ULFM's word.
+        liveness = self.liveness
         for addr in addrs:
+            if addr in self.dead:
+                continue
             if self.controller is not None:
-                self.declare_dead(addr, f"reported failed by MPI ({text})")
-            elif addr not in self.dead:
-                # The controller's DEAD notice names pid, host and cause, and
-                # usually follows within milliseconds: give it a moment.
-                self._mpi_reported.setdefault(addr, (time.monotonic(), text))
+                if liveness is None or not liveness.watches(addr):
+                    # another node: heartbeats would take seconds
+                    self.declare_dead(addr, f"reported failed by MPI ({text})")
+                    continue
+                liveness.check()
+                if addr in self.dead:
+                    continue
+            self._mpi_reported.setdefault(addr, (time.monotonic(), text))
 
     def _apply_mpi_reported(self) -> None:
         now = time.monotonic()
@@ -224,7 +233,10 @@ class Runtime:
                 del self._mpi_reported[addr]
             elif now - when > _MPI_REPORT_GRACE:
                 del self._mpi_reported[addr]
-                self.apply_dead(addr, f"process {addr[0]}.{addr[1]} reported failed by MPI ({text})")
+                if self.controller is not None:
+                    self.declare_dead(addr, f"reported failed by MPI ({text})")
+                else:
+                    self.apply_dead(addr, f"process {addr[0]}.{addr[1]} reported failed by MPI ({text})")
 
     def declare_dead(self, addr: Addr, cause: str) -> None:
         """On the controller: ``addr`` is dead; tell every process, fail its waits, supervise."""

@@ -62,6 +62,7 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
     if not stuck:
         rt.actors.join_threads(1.0)
     stop_last_words(rt.controller_pid, rt.addr)
+    rt.close_bell()
     drain_all(rt.forwarders)
     rt.router.send(CONTROLLER, (Kind.BYE, None, len(stuck)))
     deadline = time.monotonic() + 2.0

@@ -75,16 +75,6 @@ BUG_STOPPED_NOT_KILLED = (
     "runtime bug: a launch-pool worker declared dead for silence (SIGSTOP, hung in C) is never killed, "
     "so at exit the survivors wait for it in MPI_Finalize and mpiexec never returns"
 )
-BUG_ULFM_REPORT = (
-    "runtime bug: when ULFM's MPI_ERR_PROC_FAILED reaches a process before the controller's report of the "
-    "death (pidfd), the pending calls and the MeshFailure carry 'process 0.2 reported failed by MPI "
-    "(MPI_ERR_PROC_FAILED: Process Failure)': no signal or exit status, and on a worker (an owner actor) "
-    "neither pid nor host; the controller's fuller report that follows is dropped (apply_dead keeps the first)"
-)
-BUG_STREAM_RANK = (
-    "runtime bug: a SupervisionError from stream() does not name the rank and coordinates "
-    "('stream.fault() failed: process ...' where call_one says 'to rank 0 (hosts=0, gpus=0)')"
-)
 
 
 # ---------------------------------------------------------------------------
@@ -451,24 +441,18 @@ def launch_matrix(cmd: list[str]) -> Job:
 
 
 def proc_re(launch: str, row: dict[str, Any], cause: str) -> str:
-    """The death report: which process, its pid and host, and why.
-
-    Also accepts the two poorer reports given when ULFM's error reaches a
-    process before the controller's own report (see :func:`lost_cause`).
-    """
+    """The death report: which process, its pid and host, and why (never ULFM's poorer word)."""
     addr = r"0\.[1-6]" if launch == "pool" else r"[1-9]\d*\.\d+"
-    where = rf"process {addr} \(pid {row['pid']}\) on {re.escape(row['host'])} died: "
-    return rf"(?:{where}{cause}|{where}{ULFM_CAUSE}|process {addr} {ULFM_CAUSE})"
-
-
-#: What a process says of a peer when ULFM told it first: no signal or exit status, and on workers no pid or host.
-ULFM_CAUSE = r"reported failed by MPI \(MPI_ERR_PROC_FAILED: Process Failure\)"
+    return rf"process {addr} \(pid {row['pid']}\) on {re.escape(row['host'])} died: {cause}"
 
 
 def lost_cause(text: str) -> None:
-    """Xfail (after every other check passed) if a death report came from ULFM instead of the controller."""
-    if "reported failed by MPI" in text:
-        pytest.xfail(BUG_ULFM_REPORT)
+    """No death report is ULFM's poorer one: the controller's pidfd report (pid, host, cause) comes first.
+
+    ULFM's MPI_ERR_PROC_FAILED often reaches a process before the controller's
+    report; the runtime waits for that report a moment (``_MPI_REPORT_GRACE``).
+    """
+    assert "reported failed by MPI" not in text, text
 
 
 WITHOUT_A_WORD = (r"exited without a word \(os\._exit, SIGKILL or the OOM killer; "
@@ -628,8 +612,6 @@ def test_stream_failure_names_the_rank(tmp_path_factory: pytest.TempPathFactory)
     """A SupervisionError from stream() names the rank and coordinates, like every other adverb's."""
     needs_ulfm()
     row = matrix_job("sigkill", "spawned", tmp_path_factory).rows["stream"]
-    if re.match(r"stream\.fault\(\) failed: process ", row["message"]):
-        pytest.xfail(BUG_STREAM_RANK)
     assert row["message"].startswith("stream.fault() to rank 0 (hosts=0, gpus=0) failed: process "), row
 
 
