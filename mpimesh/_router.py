@@ -45,6 +45,7 @@ from . import _buffers
 from ._bell import RING_AFTER
 from ._mpi import MPI
 from ._protocol import CONTROLLER, TAG_DATA, TAG_FRAME, Frame, Kind
+from .config import settings
 
 __all__ = ["Addr", "Router", "CONTROLLER"]
 
@@ -71,8 +72,9 @@ _NO_BUFFERS: list[Any] = []
 # A frame sent this soon after the previous one to the same process, with no
 # poll in between, joins a batch instead of leaving at once.
 _BURST = 1e-3
-# A batch leaves when it holds this many frames, even before a poll.
-_MAX_BATCH = 64
+# A batch leaves when it holds this many frames, even before a poll
+# (MPIMESH_BATCH_FRAMES; 1: no batching).
+_MAX_BATCH = settings.batch_frames
 
 # Frames handled per poll before returning to the waiter loop, so that a flood
 # of incoming messages cannot starve the waiter's own check.
@@ -237,7 +239,7 @@ class Router:
                             self._release(out)
                         return
                     self._release(out)  # frames leave in order
-                elif not buffers and out.polls == self._polls and now - out.last < _BURST:
+                elif not buffers and out.polls == self._polls and now - out.last < _BURST and _MAX_BATCH > 1:
                     out.last = now
                     out.frames.append(data)
                     self._held.append(out)

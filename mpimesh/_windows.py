@@ -29,13 +29,13 @@ post-failure operation".
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _buffers
 from ._mpi import MPI
+from .config import settings
 
 if TYPE_CHECKING:
     from ._router import Router
@@ -101,21 +101,9 @@ _window: Window | None = None
 _why_not = "no window: this process has not booted the mpimesh runtime"
 
 
-_MODES = ("auto", "always", "never")
-
-
 def mode() -> str:
-    """``MPIMESH_RMA_WINDOWS``, checked.
-
-    Raises:
-        ValueError: the variable holds something else than auto, always or never.
-    """
-    # TODO(lead): parse in config.py with the other MPIMESH_* settings.
-    raw = (os.environ.get("MPIMESH_RMA_WINDOWS") or "auto").strip().lower()
-    if raw not in _MODES:
-        raise ValueError(f"MPIMESH_RMA_WINDOWS must be auto, always or never, got {raw!r}; "
-                         "unset it or use e.g. MPIMESH_RMA_WINDOWS=auto")
-    return raw
+    """``MPIMESH_RMA_WINDOWS`` (``auto``, ``always`` or ``never``; see ``config``)."""
+    return settings.rma_windows
 
 
 def open_island(router: Router, comm: MPI.Intracomm, island: int) -> None:

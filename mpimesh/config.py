@@ -52,6 +52,13 @@ class Config:
         show_waits: Print a progress line for waits (``get()``, spawning)
             longer than this many seconds (``MPIMESH_SHOW_WAITS``, 0: off).
         debug: Trace lines tagged ``[rank N]`` on stderr (``MPIMESH_DEBUG``).
+        batch_frames: Most frames to one process sent as one MPI message when
+            they are sent in a burst (``MPIMESH_BATCH_FRAMES``; 1: every
+            frame is its own message).  See ``_router``.
+        rma_windows: Whether an island gets an MPI window for RDMABuffer
+            (``MPIMESH_RMA_WINDOWS``): ``auto`` (only if it spans hosts;
+            same-host buffers are copied with process_vm_readv), ``always``
+            or ``never``.
         pmix_exit_status: The launcher takes the job's exit status from the
             controller through PMIx (``MPIMESH_PMIX_EXIT_STATUS``, set by
             ``mpimesh run`` on Open MPI 5.0.9 and later together with
@@ -72,6 +79,8 @@ class Config:
     log_fold: float = 0.0
     show_waits: float = 0.0
     debug: bool = False
+    batch_frames: int = 64
+    rma_windows: str = "auto"
     pmix_exit_status: bool = False
 
 
@@ -119,8 +128,20 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         log_fold=_number(env, "MPIMESH_LOG_FOLD", Config.log_fold),
         show_waits=_number(env, "MPIMESH_SHOW_WAITS", Config.show_waits),
         debug=(_get(env, "MPIMESH_DEBUG") or "0") not in ("", "0", "false", "no"),
+        batch_frames=int(_number(env, "MPIMESH_BATCH_FRAMES", Config.batch_frames, minimum=1.0)),
+        rma_windows=_choice(env, "MPIMESH_RMA_WINDOWS", ("auto", "always", "never")),
         pmix_exit_status=(_get(env, "MPIMESH_PMIX_EXIT_STATUS") or "0") not in ("", "0", "false", "no"),
     )
+
+
+def _choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first is the default), case-insensitive."""
+    raw = _get(environ, name)
+    value = (raw or choices[0]).strip().lower()
+    if value not in choices:
+        listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
+        raise ValueError(f"{name} must be {listed}, got {raw!r}; unset it or use e.g. {name}={choices[0]}")
+    return value
 
 
 settings: Config = load()

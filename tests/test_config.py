@@ -20,3 +20,18 @@ def test_bad_values_name_the_variable() -> None:
         load({"MPIMESH_SPIN_US": "fast"})
     with pytest.raises(ValueError, match=r"^MPIMESH_SHUTDOWN_TIMEOUT must be at least 0.1, got '0'; "):
         load({"MPIMESH_SHUTDOWN_TIMEOUT": "0"})
+
+
+def test_batching_and_window_settings() -> None:
+    """MPIMESH_BATCH_FRAMES is a count of at least 1; MPIMESH_RMA_WINDOWS a choice."""
+    assert (Config().batch_frames, Config().rma_windows) == (64, "auto")
+    cfg = load({"MPIMESH_BATCH_FRAMES": "1", "MPIMESH_RMA_WINDOWS": " Always "})
+    assert (cfg.batch_frames, cfg.rma_windows) == (1, "always")
+    with pytest.raises(ValueError, match=r"^MPIMESH_BATCH_FRAMES must be at least 1, got '0'; "):
+        load({"MPIMESH_BATCH_FRAMES": "0"})
+    with pytest.raises(
+        ValueError,
+        match=r"^MPIMESH_RMA_WINDOWS must be auto, always or never, got 'sometimes'; "
+        r"unset it or use e.g. MPIMESH_RMA_WINDOWS=auto$",
+    ):
+        load({"MPIMESH_RMA_WINDOWS": "sometimes"})
