@@ -194,17 +194,29 @@ class Controller:
                 self._close_island(island, 0)
 
     def _close_island(self, island: int, code: int) -> bool:
-        rt = self.rt
+        members = self._stop_island(island, code)
+        clean = self.rt.wait(lambda: self._all_left(members), self.cond, settings.shutdown_timeout)
+        self._drop_island(island, members, clean)
+        return clean
+
+    def _stop_island(self, island: int, code: int) -> list[Addr]:
+        """Send SHUTDOWN to an island's live processes; returns its members."""
         with self.lock:
             members = self.islands.pop(island, [])
-        waiting = [a for a in members if not self.procs[a].bye and not self.procs[a].dead]
-        for addr in waiting:
-            try:
-                rt.send(addr, (Kind.SHUTDOWN, None, code))
-            except ConnectionError:
-                pass
-        clean = rt.wait(lambda: all(self.procs[a].bye or self.procs[a].dead for a in members), self.cond,
-                        settings.shutdown_timeout)
+        for addr in members:
+            if not self.procs[addr].bye and not self.procs[addr].dead:
+                try:
+                    self.rt.send(addr, (Kind.SHUTDOWN, None, code))
+                except ConnectionError:
+                    pass
+        return members
+
+    def _all_left(self, addrs: list[Addr]) -> bool:
+        return all(self.procs[a].bye or self.procs[a].dead for a in addrs)
+
+    def _drop_island(self, island: int, members: list[Addr], clean: bool) -> None:
+        """Forget an island that was asked to stop: disconnect a whole one, kill what still runs."""
+        rt = self.rt
         comm = rt.router.remove_island(island)
         whole = clean and not any(self.procs[a].dead for a in members)
         if comm is not None and whole:
@@ -212,7 +224,6 @@ class Controller:
                 comm.Disconnect()
         elif not clean:
             self._kill([a for a in members if not self.procs[a].bye and not self.procs[a].dead])
-        return clean
 
     def _kill(self, addrs: list[Addr]) -> None:
         for addr in addrs:
@@ -368,17 +379,23 @@ class Controller:
         rt = self.rt
         cells = rt.actors.stop_all("controller exit", lambda: None)
         rt.actors.wait_stopped(cells, settings.cleanup_timeout)
-        clean = True
-        for island in list(self.islands):
-            clean &= self._close_island(island, code)
+        # Every island and the pool stop at once: one bound for the whole job,
+        # not one per island (a spawned run can have dozens).
+        islands = {island: self._stop_island(island, code) for island in list(self.islands)}
         pool = [a for a, p in self.procs.items() if a[0] == 0 and not p.bye and not p.dead]
         for addr in pool:
             try:
                 rt.send(addr, (Kind.SHUTDOWN, None, code))
             except ConnectionError:
                 pass
-        if not rt.wait(lambda: all(self.procs[a].bye or self.procs[a].dead for a in pool), self.cond,
-                       settings.shutdown_timeout):
+        everyone = pool + [a for members in islands.values() for a in members]
+        rt.wait(lambda: self._all_left(everyone), self.cond, settings.shutdown_timeout)
+        clean = True
+        for island, members in islands.items():
+            left = self._all_left(members)
+            clean &= left
+            self._drop_island(island, members, left)
+        if not self._all_left(pool):
             stuck = [a[1] for a in pool if not self.procs[a].bye and not self.procs[a].dead]
             print(f"mpimesh: ranks {stuck} did not stop within {settings.shutdown_timeout:g} s; aborting the job",
                   file=sys.stderr, flush=True)

@@ -1058,3 +1058,34 @@ def test_ctrl_c_at_the_terminal(launch: str, tmp_path: Path) -> None:
         assert "KeyboardInterrupt" in job.stderr, job.describe()
     else:
         assert job.returncode not in (0, None), job.describe()
+
+
+STUCK_ISLANDS = PREAMBLE + r'''
+class Stuck(Actor):
+    @endpoint
+    def ok(self):
+        return 1
+
+    @endpoint
+    def block(self):
+        time.sleep(1000)
+
+
+for i in range(4):  # four spawn_procs() calls: four islands, each stuck in an endpoint
+    mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn(f"stuck{i}", Stuck)
+    mesh.ok.call_one().get(30)
+    mesh.block.broadcast()
+print("END", flush=True)
+'''
+
+
+def test_stuck_islands_stop_together(tmp_path: Path) -> None:
+    """At exit every island is asked to stop at once: one cleanup bound for all, not one per island."""
+    path = tmp_path / "stuck.py"
+    path.write_text(STUCK_ISLANDS)
+    job = run_job(job_cmd("spawned", path), timeout=90, env={"MPIMESH_SHUTDOWN_TIMEOUT": "5"})
+    assert not job.hung and job.returncode == 0, job.describe()
+    # each island's workers give up on their stuck actor after the 1 s cleanup
+    # timeout and leave; one island after the other took 4 s and more
+    assert job.after_end is not None and job.after_end < 2.5, job.describe()
+    assert job.orphans == [], job.describe()
