@@ -1,4 +1,4 @@
-"""Tests for mpimesh._launcher, the `mpimesh run` / `mpimesh info` console script.
+"""Tests for mpimesh._launcher (the `mpimesh run` / `mpimesh info` console script) and mpimesh._discover.
 
 Most tests are pure: they feed recorded version strings and fake ``mpiexec``
 executables (tiny shell scripts in ``tmp_path``) to the functions that pick
@@ -20,22 +20,24 @@ from pathlib import Path
 import pytest
 
 from mpimesh import _launcher
-from mpimesh._launcher import (
-    ULFM_RUNTIME,
+from mpimesh._discover import (
     Candidate,
     MpiLibrary,
-    RunOptions,
-    build_command,
     candidate_matches,
     candidate_paths,
     find_mpiexec,
-    format_command,
-    main,
     no_mpiexec_message,
     parse_library_version,
     parse_mpiexec_version,
-    parse_run_args,
     probe_library,
+)
+from mpimesh._launcher import (
+    ULFM_RUNTIME,
+    RunOptions,
+    build_command,
+    format_command,
+    main,
+    parse_run_args,
     records_job_status,
     want_oversubscribe,
 )
