@@ -13,8 +13,13 @@ Polling is tight for ``MPIMESH_SPIN_US`` after each message, then backs off
 exponentially to ``MPIMESH_IDLE_SLEEP_US``.  After ``MPIMESH_LEADER_IDLE_MS``
 without traffic, a thread waiting for its own event leaves polling to the
 *background* waiter (the controller's progress thread, a worker's main loop),
-which polls only while no other thread leads: two threads spinning in one
-process on a small node double the round trip (measured: 200 us against 55).
+which polls only while no other thread leads, and stays out while a thread has
+sent or polled in the last ``_ACTIVE_WINDOW``: two threads spinning in one
+process on a small node double the round trip (measured: 200 us against 55),
+and two taking turns at MPI fight over the GIL.  The background waiter naps
+up to ``MPIMESH_DEEP_SLEEP_US`` once the process has been quiet for half a
+second, on this process's doorbell (``_bell``) when it has one, so that a
+same-host sender wakes it at once.
 """
 
 from __future__ import annotations
