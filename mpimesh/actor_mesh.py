@@ -289,7 +289,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         if self._stopped:
             raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
         rt = _current.current()
-        shape = self._shape
         targets = self._targets or self._resolve()
         addrs = [targets[r] for r in ranks]
         dead = rt.dead
@@ -304,7 +303,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             waiting = receiver(addrs)
             port = (rt.addr, rt.ports.open(waiting))
         sizes = tuple(b.nbytes for b in buffers) if buffers else None
-        labels, dims = shape.labels, shape.sizes
+        points = self._points
         send = rt.router.send
         for rank, addr in zip(ranks, addrs, strict=True):
             if dead and addr in dead:
@@ -314,7 +313,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                     rt.ports.close(port[1])
                 continue
             try:
-                send(addr, (_CALL, sizes, self._key, method, payload, port, (rank, labels, dims)), buffers)
+                send(addr, (_CALL, sizes, self._key, method, payload, port, points[rank]), buffers)
             except ConnectionError as exc:
                 if waiting is None or port is None:
                     raise SupervisionError(
