@@ -50,8 +50,8 @@ class BuildExt(build_ext):
 
 native = Extension(
     "mpimesh._native",
-    sources=["native/_native.c", "native/cuda_aware.c"],
-    depends=["native/compat.h", "native/cuda_aware.h"],
+    sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c"],
+    depends=["native/compat.h", "native/cuda_aware.h", "native/wire.h"],
     include_dirs=["native"],
     libraries=["dl"],
     # No MPI symbol is referenced directly: drop mpicc's -lmpi (see native/cuda_aware.c).

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _serialize
-from ._protocol import Frame, Key, Status
+from ._protocol import Frame, Key, Kind, Status
 from .context import Context, Instance, _current
 from .shape import Extent, Point
 
@@ -38,6 +38,9 @@ Port = tuple[Addr, int]
 
 # Results of these types are answered at once, without asking inspect.
 _NOT_AWAITABLE = frozenset((int, float, str, bool, type(None), bytes, tuple, list, dict))
+# Results of these types ride in the reply frame (see Runtime.reply).
+_SCALARS = frozenset((int, float, str, bool, type(None), complex))
+_REPLY, _VALUE = Kind.REPLY, Status.VALUE
 
 
 def _point(raw: tuple[int, tuple[str, ...], tuple[int, ...]]) -> Point:
@@ -70,6 +73,8 @@ class _Cell:
         self._tid: int | None = None
         # message point -> Context, for the few slices an actor is called through
         self._contexts: dict[tuple[Any, ...], Context] = {}
+        # endpoint name -> (bound method, explicit response port), see _bind
+        self._bound: dict[str, tuple[Callable[..., Any], bool]] = {}
         addr = self.runtime.addr
         self.actor_id = f"{name}[{point.rank}]@{addr[0]}.{addr[1]}"
         coords = ", ".join(f"{k}={v}" for k, v in point.items())
@@ -118,9 +123,16 @@ class _Cell:
         try:
             if self.loop is None:
                 self._tid = threading.get_ident()
+                mailbox = self.mailbox
+                wait = self.runtime.progress.wait
+                has_mail = mailbox.__len__
                 while True:
-                    self.runtime.progress.wait(self._has_mail, self.cond)
-                    if not self._handle(self.mailbox.popleft()):
+                    if not mailbox:
+                        wait(has_mail, self.cond)
+                    item = mailbox.popleft()
+                    if item[0] == "call":
+                        self._call(item, None)
+                    elif not self._step(item, None):
                         break
             else:
                 import asyncio
@@ -214,11 +226,11 @@ class _Cell:
         try:
             # plain arguments come unpickled with the frame (see Kind.CALL)
             args, kwargs = _serialize.loads(payload, buffers) if type(payload) is bytes else payload
-            fn = getattr(self.instance, method)
-            info = getattr(fn, "_mpimesh_endpoint", None)
-            if info is None:
-                raise AttributeError(f"{type(self.instance).__qualname__}.{method} is not an endpoint")
-            if info["explicit_response_port"]:
+            found = self._bound.get(method)
+            if found is None:
+                found = self._bind(method)
+            fn, explicit_port = found
+            if explicit_port:
                 from .channel import Port as PortObject
 
                 args = (PortObject(port, index),) + tuple(args)
@@ -234,10 +246,26 @@ class _Cell:
             self._failed_call(exc, port, index, method)
         else:
             if port is not None:
-                self._answer(port, index, result, method)
+                if type(result) in _SCALARS and port[0] not in self.runtime.dead:
+                    # runtime.reply's plain case, inlined (the round trip's hot path)
+                    try:
+                        self.runtime.router.send(port[0], (_REPLY, None, port[1], index, _VALUE, result))
+                    except ConnectionError:
+                        pass  # the caller has died: nobody is left to read it
+                else:
+                    self._answer(port, index, result, method)
         finally:
             if token is not None:
                 _current.reset(token)
+
+    def _bind(self, method: str) -> tuple[Callable[..., Any], bool]:
+        # The bound endpoint and whether it answers through an explicit port, once per method.
+        fn = getattr(self.instance, method)
+        info = getattr(fn, "_mpimesh_endpoint", None)
+        if info is None:
+            raise AttributeError(f"{type(self.instance).__qualname__}.{method} is not an endpoint")
+        found = self._bound[method] = (fn, bool(info["explicit_response_port"]))
+        return found
 
     async def _finish_async(self, awaitable: Any, port: Port | None, index: int, method: str, token: Any) -> None:
         try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -446,20 +445,6 @@ class CudaSupport:
 _cuda: CudaSupport | None = None
 
 
-def _loaded_libmpi() -> str | None:
-    # mpi4py loads libmpi with RTLD_LOCAL: find its file among this process's mappings.
-    pattern = re.compile(r"/libmpi(_\w+)?\.so(\.\d+)*$")
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                name = line[line.find("/"):].rstrip("\n") if "/" in line else ""
-                if pattern.search(name):
-                    return name
-    except OSError:
-        pass
-    return None
-
-
 def _ctypes_query(path: str) -> tuple[int, str]:
     try:
         lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
@@ -488,10 +473,10 @@ def cuda_support() -> CudaSupport:
     global _cuda
     if _cuda is not None:
         return _cuda
-    from ._mpi import library
+    from ._mpi import library, loaded_libmpi
 
     lib = library().strip("\x00 ")
-    path = _loaded_libmpi()
+    path = loaded_libmpi()
     compile_time: bool | None = None
     try:
         from . import _native

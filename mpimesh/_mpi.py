@@ -7,6 +7,7 @@ no automatic abort), and offers the few process-wide facts the runtime needs.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 
@@ -69,7 +70,7 @@ mpi4py.rc.errors = "exception"
 
 from mpi4py import MPI  # noqa: E402
 
-__all__ = ["MPI", "hostname", "library", "world", "parent"]
+__all__ = ["MPI", "hostname", "library", "loaded_libmpi", "world", "parent"]
 
 
 def hostname() -> str:
@@ -83,6 +84,21 @@ def hostname() -> str:
 def library() -> str:
     """The first line of the loaded MPI library's version string."""
     return MPI.Get_library_version().splitlines()[0].strip()
+
+
+def loaded_libmpi() -> str | None:
+    """The file of the libmpi mpi4py loaded, or ``None`` if it cannot be told."""
+    # mpi4py loads libmpi with RTLD_LOCAL: find its file among this process's mappings.
+    pattern = re.compile(r"/libmpi(_\w+)?\.so(\.\d+)*$")
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                name = line[line.find("/"):].rstrip("\n") if "/" in line else ""
+                if pattern.search(name):
+                    return name
+    except OSError:
+        pass
+    return None
 
 
 def world() -> MPI.Intracomm:

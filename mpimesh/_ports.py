@@ -53,8 +53,9 @@ class Receiver:
     __slots__ = ("what", "pending")
 
     what: str
-    #: processes that still owe a reply (for failure propagation)
-    pending: set[Addr]
+    #: processes that still owe a reply (for failure propagation); each
+    #: receiver removes the ones that answered or failed
+    pending: set[Addr] | tuple[Addr]
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         """Take one reply; return True when the port can close."""
@@ -89,13 +90,17 @@ def _settle(fut: Future[Any], fn: Callable[[], Any]) -> None:
 class OneReply(Receiver):
     """Exactly one reply settles one future."""
 
-    __slots__ = ("future", "where")
+    __slots__ = ("future", "shape", "rank")
 
-    def __init__(self, future: Future[Any], what: str, source: Addr, where: tuple[Shape, int] | None = None) -> None:
+    def __init__(
+        self, future: Future[Any], what: str, source: Addr, shape: Shape | None = None, rank: int = 0
+    ) -> None:
         self.future = future
         self.what = what
-        self.pending = {source}
-        self.where = where
+        # never changes: the port closes at the one reply or failure
+        self.pending = (source,)
+        self.shape = shape
+        self.rank = rank
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         fut = self.future
@@ -108,7 +113,7 @@ class OneReply(Receiver):
 
     def fail(self, addr: Addr, report: str) -> bool:
         if not self.future.done():
-            where = _describe(*self.where) if self.where else ""
+            where = _describe(self.shape, self.rank) if self.shape is not None else ""
             self.future.set_exception(self.error(report, where))
         return True
 
@@ -131,10 +136,11 @@ class Gather(Receiver):
         self.errors: dict[int, BaseException] = {}
         self.count = 0
         self.values = values
-        self.pending = set(sources)
+        self.pending: set[Addr] = set(sources)
         self._sources = list(sources)
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        self.pending.discard(src)
         try:
             self.results[index] = decode(status, body, buffers, self.what)
         except BaseException as exc:
@@ -146,6 +152,7 @@ class Gather(Receiver):
         return False
 
     def fail(self, addr: Addr, report: str) -> bool:
+        self.pending.discard(addr)
         for index, source in enumerate(self._sources):
             if source == addr and index not in self.errors:
                 self.errors[index] = self.error(report, _describe(self.shape, index))
@@ -179,16 +186,18 @@ class Stream(Receiver):
         self.what = what
         self.next = 0
         self._sources = list(sources)
-        self.pending = set(self._sources)
+        self.pending: set[Addr] = set(self._sources)
         self.shape = shape
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        self.pending.discard(src)
         fut = self.futures[self.next]
         self.next += 1
         _settle(fut, lambda: decode(status, body, buffers, self.what))
         return self.next >= len(self.futures)
 
     def fail(self, addr: Addr, report: str) -> bool:
+        self.pending.discard(addr)
         fut = self.futures[self.next]
         self.next += 1
         where = ""
@@ -264,15 +273,20 @@ class PortTable:
         receiver = self._open.get(pid)
         if receiver is None:
             return  # port closed: a late reply after a failure or a drop
-        receiver.pending.discard(src)
         if receiver.deliver(index, status, body, buffers, src):
-            self.close(pid)
+            self._open.pop(pid, None)
+
+    def on_reply(self, src: Addr, frame: tuple[Any, ...], buffers: list[Any]) -> None:
+        """The REPLY frame handler: ``(REPLY, sizes, port id, index, status, body)``."""
+        pid = frame[2]
+        receiver = self._open.get(pid)
+        if receiver is not None and receiver.deliver(frame[3], frame[4], frame[5], buffers, src):
+            self._open.pop(pid, None)
 
     def fail_source(self, addr: Addr, report: str) -> int:
         """Fail every wait that still expects a reply from ``addr``; returns how many."""
         victims = [(pid, r) for pid, r in list(self._open.items()) if addr in r.pending]
         for pid, receiver in victims:
-            receiver.pending.discard(addr)
             if receiver.fail(addr, report):
                 self.close(pid)
         return len(victims)

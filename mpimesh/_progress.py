@@ -52,6 +52,11 @@ _FOLLOWER_WAIT = 0.05
 _ACTIVE_WINDOW = 0.002
 # A spinning leader yields the CPU every this many empty polls.
 _YIELD_EVERY = 4
+# A spinning leader's poll may keep probing this long inside MPI (the native
+# frame path, GIL released): a reply is seen as soon as MPI has it.  Events
+# that do not come through MPI (a frame to this very process, another
+# thread's wake-up) are seen at the end of the probe at the latest.
+_SPIN_CHUNK = 50e-6
 # After this long without any traffic the background poller sleeps up to
 # MPIMESH_DEEP_SLEEP_US between polls.  Idle CPU is set by wake-ups: each
 # costs 30-100 us of CPU on the VMs measured, so 1 ms naps cost ~5 % of a
@@ -73,12 +78,13 @@ class Progress:
     """The progress token and the waiting discipline around it.
 
     Args:
-        poll: receives and dispatches whatever has arrived; returns the number
-            of frames handled.  Called only by the token holder.
+        poll: ``poll(spin)`` receives and dispatches whatever has arrived,
+            probing up to ``spin`` seconds for it; returns the number of
+            frames handled.  Called only by the token holder.
         sent_at: when this process last sent something (``time.monotonic``).
     """
 
-    def __init__(self, poll: Callable[[], int], sent_at: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(self, poll: Callable[[float], int], sent_at: Callable[[], float] = lambda: 0.0) -> None:
         _tighten_timer_slack()
         self._poll = poll
         self._sent_at = sent_at
@@ -90,8 +96,10 @@ class Progress:
         self._spin = settings.spin_us * 1e-6
         self._max_sleep = settings.idle_sleep_us * 1e-6
         self._leader_idle = settings.leader_idle_ms * 1e-3
-        # Threads currently leading (waiting for their own event and polling).
-        self._leaders = 0
+        # One entry per thread currently leading (waiting for its own event
+        # and polling): list append and pop are atomic, a counter under a
+        # lock cost two lock round trips per wait.
+        self._leaders: list[None] = []
         # Threads in a background wait (0 or 1): followers rely on them.
         self._background = 0
         self._background_cond: threading.Condition | None = None
@@ -113,13 +121,13 @@ class Progress:
         if not self._token.acquire(blocking=False):
             return 0
         try:
-            return self._poll()
+            return self._poll(0.0)
         finally:
             self._token.release()
 
     def wait(
         self,
-        done: Callable[[], bool],
+        done: Callable[[], object],
         cond: Waitable,
         timeout: float | None = None,
         *,
@@ -141,15 +149,19 @@ class Progress:
         if background:
             assert isinstance(cond, threading.Condition), "the background waiter sleeps on a real condition"
             return self._wait_background(done, cond, timeout)
+        if done():
+            return True
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
         last_traffic = now
         sleep = 0.0
         spins = 0
+        # A leader's first polls spin in MPI (see _SPIN_CHUNK).
+        chunk = _SPIN_CHUNK if self._spin > 0 else 0.0
         token = self._token
         poll = self._poll
-        with self._count_lock:
-            self._leaders += 1
+        leaders = self._leaders
+        leaders.append(None)
         leading = True
         try:
             while True:
@@ -162,8 +174,7 @@ class Progress:
                 if leading and idle >= self._leader_idle and self._background:
                     # Quiet for a while: leave polling to the background waiter.
                     leading = False
-                    with self._count_lock:
-                        self._leaders -= 1
+                    leaders.pop()
                     # A reply is still expected: the background waiter must
                     # not be in its deep back-off (it added up to 2 deep naps,
                     # ~16 ms, to a first call after an idle second).
@@ -175,11 +186,10 @@ class Progress:
                     # a controller shutting down): lead again.
                     leading = True
                     last_traffic = now
-                    with self._count_lock:
-                        self._leaders += 1
+                    leaders.append(None)
                 if leading and token.acquire(blocking=False):
                     try:
-                        handled = poll()
+                        handled = poll(chunk)
                     finally:
                         token.release()
                     self._polled_at = now
@@ -190,10 +200,12 @@ class Progress:
                     if idle < self._spin:
                         # Spin, but let the other processes of an
                         # oversubscribed node (and our other threads) run.
+                        chunk = min(_SPIN_CHUNK, self._spin - idle)
                         spins += 1
                         if spins % _YIELD_EVERY == 0:
                             os.sched_yield()
                         continue
+                    chunk = 0.0
                     sleep = min(self._max_sleep, max(2e-5, sleep * 2))
                     pause = sleep
                 else:
@@ -206,8 +218,7 @@ class Progress:
                         sleeper.wait(pause)
         finally:
             if leading:
-                with self._count_lock:
-                    self._leaders -= 1
+                leaders.pop()
 
     def kick(self) -> None:
         """Make sure somebody polls soon (frames wait in a batch): wake the background waiter if nobody leads."""
@@ -227,7 +238,7 @@ class Progress:
                 bg.notify_all()
 
     def _wait_background(
-        self, done: Callable[[], bool], cond: threading.Condition, timeout: float | None
+        self, done: Callable[[], object], cond: threading.Condition, timeout: float | None
     ) -> bool:
         with self._count_lock:
             self._background += 1
@@ -239,7 +250,7 @@ class Progress:
                 self._background -= 1
 
     def _poll_background(
-        self, done: Callable[[], bool], cond: threading.Condition, timeout: float | None
+        self, done: Callable[[], object], cond: threading.Condition, timeout: float | None
     ) -> bool:
         # Never spins: a spinning background thread takes the GIL from the
         # thread that leads (or that an arriving message just woke), which
@@ -265,7 +276,7 @@ class Progress:
                 pause = _ACTIVE_WINDOW - (now - active)
             elif self._token.acquire(blocking=False):
                 try:
-                    handled = self._poll()
+                    handled = self._poll(0.0)
                 finally:
                     self._token.release()
                 self.background_polls += 1

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _buffers
+from . import _buffers, _wire
 from ._bell import RING_AFTER
 from ._mpi import MPI
 from ._protocol import CONTROLLER, TAG_DATA, TAG_FRAME, Frame, Kind
@@ -98,10 +98,11 @@ class _Out:
 class _Link:
     """One communicator this process polls and sends on."""
 
-    __slots__ = ("comm", "island", "fixed")
+    __slots__ = ("comm", "handle", "island", "fixed")
 
     def __init__(self, comm: MPI.Comm, island: int, fixed: Addr | None) -> None:
         self.comm = comm
+        self.handle: int = comm.handle
         self.island = island
         # A link whose remote group is the controller alone (a spawned
         # worker's parent intercommunicator) maps every source to it.
@@ -141,6 +142,13 @@ class Router:
         # Pending one-sided operations of the data plane (see watch()).
         self._ticks: list[Callable[[], Callable[[], None] | None]] = []
         self._status = MPI.Status()
+        # The native frame path (_wire) when it fits the loaded MPI, else None.
+        _wire.bind()
+        self._probe = _wire.probe
+        self._isend = _wire.isend
+        self._handles: tuple[int, ...] = ()
+        if self._probe is not None:
+            self.poll = self._poll_native  # type: ignore[method-assign]
         self.frames_in = 0
         self.frames_out = 0
         #: statistics: BATCH messages sent (each carrying 2.._MAX_BATCH frames)
@@ -163,12 +171,15 @@ class Router:
         link = _Link(comm, island, None)
         with self.lock:
             self._links.append(link)
+            self._handles = tuple(k.handle for k in self._links)
             self._routes[island] = link
 
     def add_parent(self, comm: MPI.Intercomm) -> None:
         """Reach the controller through a spawned worker's parent intercommunicator."""
         link = _Link(comm, 0, CONTROLLER)
-        self._links.append(link)
+        with self.lock:
+            self._links.append(link)
+            self._handles = tuple(k.handle for k in self._links)
         self._parent = link
         self._relay = (link, 0)
 
@@ -183,6 +194,7 @@ class Router:
             if link is None:
                 return None
             self._links.remove(link)
+            self._handles = tuple(k.handle for k in self._links)
         with self._send_lock:
             # frames held for the island's processes go nowhere now
             for key in [k for k in self._out if k[0] is link]:
@@ -197,7 +209,12 @@ class Router:
 
     def send(self, dest: Addr, frame: Frame, buffers: Sequence[Any] = ()) -> None:
         """Send ``frame`` (and raw ``buffers``) to ``dest``; returns at once."""
-        if buffers:
+        if not buffers:
+            link = self._routes.get(dest[0])
+            if link is not None and dest != self.addr:
+                self._post(link, dest[1], pickle.dumps(frame, protocol=5), _NO_BUFFERS)
+                return
+        else:
             # bufsizes with each large buffer's alignment (see _buffers.layout)
             frame = (frame[0], _buffers.layout(buffers), *frame[2:])
         self.send_raw(dest, pickle.dumps(frame, protocol=5), buffers)
@@ -249,6 +266,15 @@ class Router:
                 paused = now - out.last > RING_AFTER
                 out.last = now
                 out.polls = self._polls
+                if not buffers and self._isend is not None:
+                    handle = self._isend(link.handle, data, rank, TAG_FRAME)
+                    if handle is not None:
+                        sends.append((MPI.Request.fromhandle(handle), data, False))
+                    if paused and self.ring is not None:
+                        self.ring(link.source(rank))
+                    if sends:
+                        self._reap()
+                    return
                 req = comm.Isend(data, rank, TAG_FRAME)
                 if paused and self.ring is not None:
                     self.ring(link.source(rank))
@@ -279,6 +305,11 @@ class Router:
         else:
             data = pickle.dumps((Kind.BATCH, None, frames), protocol=5)
             self.batches_out += 1
+        if self._isend is not None:
+            handle = self._isend(out.link.handle, data, out.rank, TAG_FRAME)
+            if handle is not None:
+                self._sends.append((MPI.Request.fromhandle(handle), data, False))
+            return
         req = out.link.comm.Isend(data, out.rank, TAG_FRAME)
         if not req.Test():
             self._sends.append((req, data, False))
@@ -329,8 +360,17 @@ class Router:
 
     # -- receiving ---------------------------------------------------------
 
-    def poll(self) -> int:
-        """Receive what has arrived and dispatch it; returns the number of frames."""
+    def poll(self, spin: float = 0.0) -> int:
+        """Receive what has arrived and dispatch it; returns the number of frames.
+
+        With the native frame path (``_wire``) and nothing but frames to
+        receive, :meth:`_poll_native` does it instead (assigned over this
+        method at start-up, so the hot path has no extra call).
+
+        Args:
+            spin: with the native frame path, keep probing up to this many
+                seconds (the GIL released) until a frame arrives.
+        """
         self._polls += 1
         if self._held:
             self.flush()
@@ -395,6 +435,52 @@ class Router:
             # keep polling tight until it completes (both ends of an emulated
             # RMA need it; the reply to a large call follows its last byte).
             return 1 if self._ticks or self._bulk else 0
+        handler = self._handler
+        for sender, received, carried in got:
+            handler(sender, received, carried)
+        self.frames_in += len(got)
+        return len(got)
+
+    def _poll_native(self, spin: float = 0.0) -> int:
+        # poll() through the native frame path, for the common case: no
+        # frames to this very process, no sends or one-sided operations to
+        # complete.  A poll that spins returns with the first frame.
+        if self._local or self._sends or self._ticks:
+            return Router.poll(self, spin)
+        self._polls += 1
+        if self._held:
+            self.flush()
+        probe = self._probe
+        assert probe is not None
+        got: list[tuple[Addr, Frame, list[Any]]] = []
+        failure = None
+        with self.lock:
+            handles, links = self._handles, self._links
+            hit = probe(handles, TAG_FRAME, int(spin * 1e9))
+            while hit is not None:
+                index, src, data = hit
+                link = links[index]
+                if src < 0:
+                    exc = MPI.Exception(data)
+                    if exc.Get_error_class() not in _FAILED_CLASSES:
+                        raise exc
+                    failure = self._acknowledge(link, exc)
+                    break
+                frame = pickle.loads(data)
+                source = link.fixed or (link.island, src)
+                if frame[1]:
+                    got.append((source, frame, self._recv_buffers(link.comm, src, frame[1])))
+                elif frame[0] == _KIND_BATCH:
+                    got.extend([(source, pickle.loads(data), _NO_BUFFERS) for data in frame[2]])
+                else:
+                    got.append((source, frame, _NO_BUFFERS))
+                if spin or len(got) >= _BATCH:
+                    break
+                hit = probe(handles, TAG_FRAME, -1)  # one more look on each link
+        if failure is not None and self._failed is not None:
+            self._failed(*failure)
+        if not got:
+            return 1 if self._bulk else 0
         handler = self._handler
         for sender, received, carried in got:
             handler(sender, received, carried)

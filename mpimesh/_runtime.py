@@ -125,6 +125,9 @@ class Runtime:
         self._handlers: dict[int, Callable[[Addr, Frame, list[Any]], None]] = {
             kind: getattr(self, name) for kind, name in HANDLERS.items()
         }
+        # The two kinds of every call go straight to their owners.
+        self._handlers[Kind.CALL] = self.actors.on_call
+        self._handlers[Kind.REPLY] = self.ports.on_reply
 
     # -- services for the rest of the package --------------------------------
 
@@ -175,28 +178,28 @@ class Runtime:
 
     # -- failures ----------------------------------------------------------
 
-    def _poll(self) -> int:
+    def _poll(self, spin: float = 0.0) -> int:
         # Heartbeats do not count as traffic: they must not keep an idle
         # process out of its deep back-off.
         pings = self._pings
         try:
-            handled = self.router.poll()
+            handled = self.router.poll(spin)
         except Exception:
             # An MPI error the router does not know how to handle.  Report it
             # (once per kind) and keep serving: killing the polling thread
             # would take the whole process down with it.
             self._poll_error(traceback.format_exc())
             return 0
-        for forwarder in self.forwarders:
-            forwarder.drain()
-        if self._mpi_reported:
-            self._apply_mpi_reported()
-        if self.liveness is not None:
-            # One poll(2) on the pidfds per millisecond, not per poll: a
-            # syscall per poll was a tenth of the round trip.
-            now = time.monotonic()
-            if now >= self._next_check:
-                self._next_check = now + _CHECK_EVERY
+        # The rest once per millisecond, not per poll: one poll(2) on the
+        # pidfds per poll was a tenth of the round trip.
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + _CHECK_EVERY
+            for forwarder in self.forwarders:
+                forwarder.drain()  # lines a write could not send itself
+            if self._mpi_reported:
+                self._apply_mpi_reported()
+            if self.liveness is not None:
                 self.liveness.check()
         return handled - (self._pings - pings)
 
@@ -408,7 +411,7 @@ def _install(rt: Runtime) -> None:
     global _runtime
     _runtime = rt
     _current.runtime = rt
-    future._driver = rt.wait
+    future._driver = rt.progress.wait
 
 
 def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Runtime:

@@ -56,6 +56,8 @@ def plain(obj: Any, depth: int = 0) -> bool:
     kind = type(obj)
     if kind in _PLAIN_ATOMS:
         return True
+    if kind is tuple and len(obj) <= 32 and _PLAIN_ATOMS.issuperset(map(type, obj)):
+        return True  # the common case (call arguments), in one C call
     if kind is bytes:
         return len(obj) < settings.oob_threshold
     if depth > 3:

@@ -24,6 +24,12 @@ Addr = tuple[int, int]
 
 _CALL = Kind.CALL
 _NO_BUFFERS: list[Any] = []
+# Arguments made only of builtin scalars ride in the frame (see _serialize.plain).
+_ATOMS = frozenset((int, float, str, bool, type(None), complex))
+
+
+def _plain_tuple(args: tuple[Any, ...]) -> bool:
+    return len(args) <= 32 and _ATOMS.issuperset(map(type, args))
 
 
 class Endpoint(Generic[R]):
@@ -38,6 +44,10 @@ class Endpoint(Generic[R]):
         self._mesh = mesh
         self._info = info
         self._what = f"{mesh._name}.{info.name}"
+        # call_one's hot path: what it needs, looked up once
+        self._single = len(mesh) == 1
+        self._checks = info.check is not None
+        self._what_one = f"{self._what}.call_one()"
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._mesh._name}.{self._info.name} of {self._mesh!r}>"
@@ -90,14 +100,18 @@ class Endpoint(Generic[R]):
             ValueError: the mesh does not hold exactly one actor.
         """
         mesh = self._mesh
-        n = len(mesh)
-        if n != 1:
+        if not self._single:
             dim = mesh._shape.labels[0] if mesh._shape.labels else "dim"
             raise ValueError(
-                f"call_one() needs a mesh of exactly 1 actor, got {n} in {mesh!r}; "
+                f"call_one() needs a mesh of exactly 1 actor, got {len(mesh)} in {mesh!r}; "
                 f"slice it to one actor first, e.g. {mesh._name}.slice({dim}=0), or use call()"
             )
-        return self._one(0, "call_one", args, kwargs)
+        # _one(), inlined: this is the round trip B1 measures
+        fut: Future[R] = Future(self._what_one)
+        if self._checks:
+            self._check(args, kwargs)
+        mesh._cast_one(self._info.name, self._what, args, kwargs, 0, fut)
+        return fut
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call one actor of the mesh picked at random (load balancing)."""
@@ -262,8 +276,12 @@ class ActorMesh(MeshTrait, Generic[T]):
         rt = _current.runtime or _current.current()
         targets = self._targets or self._resolve()
         addr = targets[rank]
-        payload, buffers = self._payload(method, args, kwargs)
-        waiting = OneReply(fut, what, addr, (self._shape, rank))
+        if not kwargs and _plain_tuple(args):
+            payload: Any = (args, kwargs)
+            buffers = _NO_BUFFERS
+        else:
+            payload, buffers = self._payload(method, args, kwargs)
+        waiting = OneReply(fut, what, addr, self._shape, rank)
         dead = rt.dead
         if dead and addr in dead:
             waiting.fail(addr, dead[addr])

@@ -64,6 +64,10 @@ class Config:
             ``mpimesh run`` on Open MPI 5.0.9 and later together with
             ``PRTE_MCA_state_base_error_non_zero_exit=0``; see
             ``mpimesh/_job_status.py``).
+        wire: Who makes the frame path's MPI calls (``MPIMESH_WIRE``):
+            ``auto`` (the native part when it was built for the loaded MPI,
+            else mpi4py), ``native`` (fail at start-up if it cannot) or
+            ``mpi4py``.
     """
 
     spin_us: float = 2000.0
@@ -82,6 +86,7 @@ class Config:
     batch_frames: int = 64
     rma_windows: str = "auto"
     pmix_exit_status: bool = False
+    wire: str = "auto"
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -131,6 +136,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         batch_frames=int(_number(env, "MPIMESH_BATCH_FRAMES", Config.batch_frames, minimum=1.0)),
         rma_windows=_choice(env, "MPIMESH_RMA_WINDOWS", ("auto", "always", "never")),
         pmix_exit_status=(_get(env, "MPIMESH_PMIX_EXIT_STATUS") or "0") not in ("", "0", "false", "no"),
+        wire=_choice(env, "MPIMESH_WIRE", ("auto", "native", "mpi4py")),
     )
 
 

@@ -93,8 +93,17 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
 
     def set_result(self, result: Any) -> None:
         """Settle with a value (the runtime calls this, users do not)."""
-        if not self._settle_unwatched(result, None):
-            super().set_result(result)
+        # _settle_unwatched, inlined: this is half of every reply's cost.
+        made = self.__dict__
+        if "_condition" not in made:
+            with _lazy_lock:
+                if "_condition" not in made:
+                    if self._state in _SETTLED:
+                        raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+                    self._result = result
+                    self._state = _FINISHED
+                    return
+        super().set_result(result)
 
     def set_exception(self, exception: BaseException | None) -> None:
         """Settle with an exception (the runtime calls this, users do not)."""

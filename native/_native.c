@@ -1,9 +1,10 @@
 /* _native.c - the CPython module mpimesh._native: thin argument parsing
- * around the helpers in cuda_aware.c.  See mpimesh/_native.pyi. */
+ * around the helpers in cuda_aware.c, and the frame path of wire.c.  See mpimesh/_native.pyi. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include "cuda_aware.h"
+#include "wire.h"
 
 static PyObject *cuda_compile_time(PyObject *self, PyObject *unused) {
     (void)self;
@@ -35,12 +36,19 @@ static PyMethodDef methods[] = {
     {"cuda_run_time", cuda_run_time, METH_VARARGS,
      "cuda_run_time(libpath) -> (int, str)\n\nAsk the already loaded libmpi at libpath: (1 yes, 0 no, -1 no query\n"
      "function, -2 not loaded; the function used)."},
+    {"wire_bind", mpimesh_wire_bind, METH_VARARGS,
+     "wire_bind(libpath, byte_handle, exc_type) -> None\n\nLook up the frame path's MPI functions in the loaded libmpi."},
+    {"wire_probe", mpimesh_wire_probe, METH_VARARGS,
+     "wire_probe(handles, tag, spin_ns) -> None | (index, source, bytes) | (index, -1, error_code)\n\n"
+     "Receive one message of tag from any source of the communicators, probing up to spin_ns (GIL released)."},
+    {"wire_isend", mpimesh_wire_isend, METH_VARARGS,
+     "wire_isend(handle, data, dest, tag) -> None | request handle\n\nStart a send and test it once."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "mpimesh._native",
-    "Native helpers of mpimesh: CUDA-aware MPI query (compile time and run time).", -1, methods,
+    "Native helpers of mpimesh: CUDA-aware MPI query, and the frame path's MPI calls.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

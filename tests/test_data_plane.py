@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpimesh import Actor, _buffers, _serialize, context, endpoint, this_proc
+from mpimesh import Actor, _buffers, _mpi, _serialize, context, endpoint, this_proc
 from mpimesh.config import settings
 
 BIG = settings.oob_threshold  # bytes: from here on, buffers travel out of band
@@ -174,7 +174,7 @@ def test_cuda_support_is_queried_from_the_loaded_library() -> None:
     assert support.library == MPI.Get_library_version().splitlines()[0].strip("\x00 ")
     assert support.run_time is False and support.aware is False
     assert support.how.startswith(("MPIX_Query_cuda_support", "MPIX_GPU_query_support"))
-    path = _buffers._loaded_libmpi()
+    path = _mpi.loaded_libmpi()
     assert path is not None and _buffers._ctypes_query(path)[0] == 0
 
 

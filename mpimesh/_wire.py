@@ -1,0 +1,81 @@
+"""Who makes the frame path's MPI calls: the native part, or mpi4py.
+
+Receiving a small frame through mpi4py (``improbe``, then ``Message.recv``)
+and sending one (``Isend``, then ``Test``) builds a few Python objects per
+call; ``mpimesh._native`` makes the same MPI calls on the raw handles
+(``native/wire.c``), and can keep probing for a while with the GIL released,
+so a waiting thread sees a message as soon as MPI does.
+
+The native part is compiled against one MPI's headers and does not link
+libmpi, so one checkout can serve virtual environments with different MPIs.
+It is used only when the library mpi4py loaded is of the same vendor and major
+version as those headers (``MPIMESH_WIRE=auto``); otherwise the router keeps
+mpi4py's calls.  ``MPIMESH_WIRE=native`` makes a mismatch an error,
+``MPIMESH_WIRE=mpi4py`` never uses the native part.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ._mpi import MPI, library, loaded_libmpi
+from .config import settings
+
+__all__ = ["bind", "probe", "isend", "why_not"]
+
+#: ``probe(handles, tag, spin_ns)`` -> None | (index, source, bytes) | (index, -1, error code)
+probe: Callable[[tuple[int, ...], int, int], tuple[int, int, Any] | None] | None = None
+#: ``isend(handle, data, dest, tag)`` -> None (sent) | a request handle
+isend: Callable[[int, Any, int, int], int | None] | None = None
+#: why the native calls are not used (empty when they are)
+why_not = "not bound yet"
+
+
+def _version(text: str) -> tuple[str, int] | None:
+    # "Open MPI 5.0.11" / "Open MPI v5.0.11, package: ..." / "MPICH 4.2.0" / "MPICH Version: 4.2.0"
+    m = re.match(r"\s*(Open MPI|MPICH|Intel\(R\) MPI|Intel MPI)\D*(\d+)", text)
+    if m is None:
+        return None
+    vendor = "Intel MPI" if m.group(1).startswith("Intel") else m.group(1)
+    return vendor, int(m.group(2))
+
+
+def bind() -> bool:
+    """Use the native calls if they fit the loaded MPI; returns whether they are used.
+
+    Raises:
+        RuntimeError: ``MPIMESH_WIRE=native`` and they cannot be used.
+    """
+    global probe, isend, why_not
+    if probe is not None:
+        return True
+    why_not = _try_bind()
+    if why_not and settings.wire == "native":
+        raise RuntimeError(f"MPIMESH_WIRE=native, but {why_not}; unset MPIMESH_WIRE to fall back to mpi4py")
+    return not why_not
+
+
+def _try_bind() -> str:
+    global probe, isend
+    if settings.wire == "mpi4py":
+        return "MPIMESH_WIRE=mpi4py"
+    try:
+        from . import _native
+    except ImportError as exc:
+        return f"mpimesh._native is not built ({exc}); reinstall with MPIMESH_MPICC=/path/to/mpicc"
+    if not hasattr(_native, "wire_bind"):
+        return "mpimesh._native is out of date; reinstall mpimesh"
+    built, loaded = _native.built_with(), library()
+    if _version(built) is None or _version(built) != _version(loaded):
+        return f"mpimesh._native was built with {built}, but {loaded!r} is loaded"
+    path = loaded_libmpi()
+    if path is None:
+        return "the loaded libmpi was not found in /proc/self/maps"
+    try:
+        _native.wire_bind(path, MPI.BYTE.handle, MPI.Exception)
+    except OSError as exc:
+        return str(exc)
+    probe, isend = _native.wire_probe, _native.wire_isend
+    return ""

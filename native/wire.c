@@ -1,0 +1,193 @@
+/* wire.c - the frame path's MPI calls, made from C.
+ *
+ * A small frame's round trip through mpi4py's improbe/Message.recv and
+ * Isend/Test costs a few microseconds of Python objects per leg (a Message,
+ * a Status, a Request, a buffer wrapper).  These three functions do the same
+ * MPI calls on the raw handles mpi4py hands out (`comm.handle`):
+ *
+ *   wire_bind(libpath, byte_handle, exc_type)  look the functions up in the
+ *       libmpi mpi4py already loaded (as cuda_aware.c does: this extension
+ *       never links libmpi);
+ *   wire_probe(handles, tag, spin_ns)  receive one message of `tag` from
+ *       any source on any of the communicators, probing for up to spin_ns
+ *       with the GIL released (and yielding the CPU every 32 probes), so
+ *       that a waiting thread sees a message as soon as MPI does and other
+ *       threads run meanwhile;
+ *   wire_isend(handle, data, dest, tag)  start a send, test it once.
+ *
+ * The MPI types come from the headers this was built with: the Python side
+ * (mpimesh/_wire.py) binds only when the loaded library is of the same
+ * vendor and major version, and otherwise keeps mpi4py's calls.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "wire.h"
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "compat.h"
+
+typedef int (*improbe_fn)(int, int, MPI_Comm, int *, MPI_Message *, MPI_Status *);
+typedef int (*mrecv_fn)(void *, int, MPI_Datatype, MPI_Message *, MPI_Status *);
+typedef int (*get_count_fn)(const MPI_Status *, MPI_Datatype, int *);
+typedef int (*isend_fn)(const void *, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request *);
+typedef int (*test_fn)(MPI_Request *, int *, MPI_Status *);
+
+static improbe_fn p_improbe;
+static mrecv_fn p_mrecv;
+static get_count_fn p_get_count;
+static isend_fn p_isend;
+static test_fn p_test;
+static MPI_Datatype byte_type;
+static PyObject *exc_type; /* mpi4py's MPI.Exception: exc_type(error_code) */
+static int bound;
+
+/* mpi4py's handles are ints: a pointer (Open MPI) or an int (MPICH). */
+#define FROM_HANDLE(type, value) ((type)(intptr_t)(value))
+#define TO_HANDLE(value) PyLong_FromSsize_t((Py_ssize_t)(intptr_t)(value))
+#define MAX_LINKS 64
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static PyObject *mpi_error(int code) {
+    PyObject *exc = PyObject_CallFunction(exc_type, "i", code);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+PyObject *mpimesh_wire_bind(PyObject *self, PyObject *args) {
+    const char *path;
+    Py_ssize_t byte_handle;
+    PyObject *exc;
+    void *lib;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "snO:wire_bind", &path, &byte_handle, &exc)) return NULL;
+#ifdef RTLD_NOLOAD
+    lib = dlopen(path, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+#else
+    lib = NULL;
+#endif
+    if (lib == NULL) {
+        PyErr_Format(PyExc_OSError, "wire_bind: %s is not loaded in this process", path);
+        return NULL;
+    }
+    p_improbe = (improbe_fn)dlsym(lib, "MPI_Improbe");
+    p_mrecv = (mrecv_fn)dlsym(lib, "MPI_Mrecv");
+    p_get_count = (get_count_fn)dlsym(lib, "MPI_Get_count");
+    p_isend = (isend_fn)dlsym(lib, "MPI_Isend");
+    p_test = (test_fn)dlsym(lib, "MPI_Test");
+    dlclose(lib); /* mpi4py keeps it loaded */
+    if (!p_improbe || !p_mrecv || !p_get_count || !p_isend || !p_test) {
+        bound = 0;
+        PyErr_Format(PyExc_OSError, "wire_bind: %s lacks one of MPI_Improbe, MPI_Mrecv, MPI_Get_count, "
+                     "MPI_Isend, MPI_Test", path);
+        return NULL;
+    }
+    byte_type = FROM_HANDLE(MPI_Datatype, byte_handle);
+    Py_XDECREF(exc_type);
+    Py_INCREF(exc);
+    exc_type = exc;
+    bound = 1;
+    Py_RETURN_NONE;
+}
+
+#define CHECK_BOUND()                                                              \
+    if (!bound) {                                                                  \
+        PyErr_SetString(PyExc_RuntimeError, "mpimesh._native: wire_bind() first"); \
+        return NULL;                                                               \
+    }
+
+/* wire_probe(handles, tag, spin_ns) -> None | (index, source, bytes) | (index, -1, error_code) */
+PyObject *mpimesh_wire_probe(PyObject *self, PyObject *args) {
+    PyObject *handles;
+    int tag;
+    long long spin;
+    MPI_Comm comms[MAX_LINKS];
+    MPI_Message msg;
+    MPI_Status status;
+    Py_ssize_t n, i;
+    int flag = 0, err = MPI_SUCCESS, hit = -1, count = 0;
+    PyObject *data;
+    (void)self;
+    CHECK_BOUND();
+    if (!PyArg_ParseTuple(args, "O!iL:wire_probe", &PyTuple_Type, &handles, &tag, &spin)) return NULL;
+    n = PyTuple_GET_SIZE(handles);
+    if (n > MAX_LINKS) {
+        PyErr_Format(PyExc_ValueError, "wire_probe: at most %d communicators, got %zd", MAX_LINKS, n);
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        Py_ssize_t h = PyLong_AsSsize_t(PyTuple_GET_ITEM(handles, i));
+        if (h == -1 && PyErr_Occurred()) return NULL;
+        comms[i] = FROM_HANDLE(MPI_Comm, h);
+    }
+    /* Two rounds with the GIL held: Open MPI often matches a message only at
+     * the probe after the one whose progress pulled it in.  One round for a
+     * negative spin_ns (looking for more after a message). */
+    for (int round = spin < 0 ? 1 : 0; round < 2 && hit < 0 && err == MPI_SUCCESS; round++) {
+        for (i = 0; i < n; i++) {
+            err = p_improbe(MPI_ANY_SOURCE, tag, comms[i], &flag, &msg, &status);
+            if (err != MPI_SUCCESS || flag) { hit = (int)i; break; }
+        }
+    }
+    if (hit < 0 && spin > 0 && n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        long long end = now_ns() + spin;
+        for (unsigned polls = 1; hit < 0; polls++) {
+            for (i = 0; i < n; i++) {
+                err = p_improbe(MPI_ANY_SOURCE, tag, comms[i], &flag, &msg, &status);
+                if (err != MPI_SUCCESS || flag) { hit = (int)i; break; }
+            }
+            if (hit >= 0 || (polls & 7) != 0) continue;
+            if (now_ns() >= end) break;
+            /* let the other processes of an oversubscribed node run */
+            if ((polls & 31) == 0) sched_yield();
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (hit < 0) Py_RETURN_NONE;
+    if (err != MPI_SUCCESS) return Py_BuildValue("(iii)", hit, -1, err);
+    err = p_get_count(&status, byte_type, &count);
+    if (err != MPI_SUCCESS) return Py_BuildValue("(iii)", hit, -1, err);
+    data = PyBytes_FromStringAndSize(NULL, count);
+    if (data == NULL) return NULL; /* the matched message is lost; out of memory anyway */
+    err = p_mrecv(PyBytes_AS_STRING(data), count, byte_type, &msg, &status);
+    if (err != MPI_SUCCESS) {
+        Py_DECREF(data);
+        return Py_BuildValue("(iii)", hit, -1, err);
+    }
+    return Py_BuildValue("(iiN)", hit, status.MPI_SOURCE, data);
+}
+
+/* wire_isend(handle, data, dest, tag) -> None (sent) | request handle (keep `data` alive until it completes) */
+PyObject *mpimesh_wire_isend(PyObject *self, PyObject *args) {
+    Py_ssize_t handle;
+    Py_buffer buf;
+    int dest, tag, flag = 0, err;
+    MPI_Request req;
+    (void)self;
+    CHECK_BOUND();
+    if (!PyArg_ParseTuple(args, "ny*ii:wire_isend", &handle, &buf, &dest, &tag)) return NULL;
+    if (buf.len > INT32_MAX) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_OverflowError, "wire_isend: a frame over 2 GiB");
+        return NULL;
+    }
+    err = p_isend(buf.buf, (int)buf.len, byte_type, dest, tag, FROM_HANDLE(MPI_Comm, handle), &req);
+    if (err == MPI_SUCCESS) err = p_test(&req, &flag, MPI_STATUS_IGNORE);
+    PyBuffer_Release(&buf);
+    if (err != MPI_SUCCESS) return mpi_error(err);
+    if (flag) Py_RETURN_NONE;
+    return TO_HANDLE(req);
+}

@@ -1,0 +1,170 @@
+"""The native frame path (``mpimesh._wire``, ``native/wire.c``) against real MPI.
+
+The pure tests run in this process (an MPI singleton); the subprocess test
+runs a job with the native calls and one with mpi4py's, and checks that both
+carry calls, ordered, in either direction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import pytest
+from mpitest import mpiexec_cmd, python_cmd, run
+
+from mpimesh import _wire
+from mpimesh._mpi import MPI
+from mpimesh.config import load, settings
+
+TAG = 77
+
+
+@pytest.fixture()
+def comm() -> MPI.Intracomm:
+    c = MPI.COMM_SELF.Dup()
+    yield c
+    c.Free()
+
+
+@pytest.fixture()
+def native() -> None:
+    if os.environ.get("MPIMESH_WIRE") == "mpi4py":
+        pytest.skip("MPIMESH_WIRE=mpi4py")
+    assert _wire.bind(), f"the native frame path is not in use: {_wire.why_not}"
+
+
+def test_the_default_install_uses_the_native_path(native: None) -> None:
+    """scripts/bootstrap.sh builds mpimesh._native against the MPI it installs."""
+    assert _wire.probe is not None and _wire.isend is not None and _wire.why_not == ""
+
+
+def test_send_and_probe_a_frame(native: None, comm: MPI.Intracomm) -> None:
+    assert _wire.isend is not None and _wire.probe is not None
+    assert _wire.probe((comm.handle,), TAG, 0) is None
+    assert _wire.isend(comm.handle, b"first", 0, TAG) is None  # small: complete at once
+    assert _wire.isend(comm.handle, bytearray(b"second"), 0, TAG) is None
+    assert _wire.probe((comm.handle,), TAG + 1, -1) is None  # another tag is not seen
+    assert _wire.probe((comm.handle,), TAG, 0) == (0, 0, b"first")
+    assert _wire.probe((comm.handle,), TAG, -1) == (0, 0, b"second")
+    assert _wire.probe((comm.handle,), TAG, 0) is None
+
+
+def test_probe_finds_the_link_with_a_message(native: None, comm: MPI.Intracomm) -> None:
+    assert _wire.isend is not None and _wire.probe is not None
+    other = MPI.COMM_SELF.Dup()
+    try:
+        _wire.isend(other.handle, b"x" * 1000, 0, TAG)
+        assert _wire.probe((comm.handle, other.handle), TAG, 0) == (1, 0, b"x" * 1000)
+        assert _wire.probe((), TAG, 10_000_000) is None  # no links: no spin either
+    finally:
+        other.Free()
+
+
+def test_probe_spins_for_the_time_asked(native: None, comm: MPI.Intracomm) -> None:
+    assert _wire.probe is not None
+    start = time.monotonic()
+    assert _wire.probe((comm.handle,), TAG, 20_000_000) is None
+    assert 0.019 <= time.monotonic() - start < 1.0
+
+
+def test_a_failed_send_raises_the_mpi_error(native: None, comm: MPI.Intracomm) -> None:
+    assert _wire.isend is not None
+    with pytest.raises(MPI.Exception) as info:
+        _wire.isend(comm.handle, b"nowhere", 5, TAG)  # COMM_SELF has one rank
+    assert info.value.Get_error_class() == MPI.ERR_RANK
+
+
+def test_bad_arguments_name_the_function(native: None, comm: MPI.Intracomm) -> None:
+    assert _wire.probe is not None
+    with pytest.raises(TypeError, match="wire_probe"):
+        _wire.probe([comm.handle], TAG, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^wire_probe: at most 64 communicators, got 65$"):
+        _wire.probe((comm.handle,) * 65, TAG, 0)
+
+
+@pytest.mark.parametrize(
+    ("built", "loaded", "same"),
+    [
+        ("Open MPI 5.0.11", "Open MPI v5.0.11, package: Open MPI user@localhost Distribution", True),
+        ("Open MPI 5.0.11", "Open MPI v5.0.3, package: Debian", True),
+        ("Open MPI 5.0.11", "Open MPI v4.1.4, package: Debian", False),
+        ("Open MPI 5.0.11", "MPICH Version:      5.0.2", False),
+        ("MPICH 5.0.2", "MPICH Version:      5.0.2", True),
+    ],
+)
+def test_only_the_mpi_it_was_built_for(built: str, loaded: str, same: bool) -> None:
+    """The MPI types come from the build's headers: vendor and major version must match."""
+    assert (_wire._version(built) == _wire._version(loaded)) is same
+
+
+def test_a_mismatch_falls_back_or_fails_as_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_wire, "probe", None)
+    monkeypatch.setattr(_wire, "isend", None)
+    monkeypatch.setattr(_wire, "library", lambda: "Some MPI 1.0")
+    native_path = pytest.importorskip("mpimesh._native")
+    assert native_path.built_with()
+    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="auto"))
+    assert not _wire.bind()
+    assert _wire.why_not.startswith("mpimesh._native was built with ") and "'Some MPI 1.0' is loaded" in _wire.why_not
+    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="native"))
+    with pytest.raises(RuntimeError, match=r"^MPIMESH_WIRE=native, but mpimesh._native was built with .*; "
+                                           r"unset MPIMESH_WIRE to fall back to mpi4py$"):
+        _wire.bind()
+    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="mpi4py"))
+    assert not _wire.bind() and _wire.why_not == "MPIMESH_WIRE=mpi4py"
+
+
+def test_the_setting_is_a_choice() -> None:
+    assert load({}).wire == "auto"
+    assert load({"MPIMESH_WIRE": "MPI4PY"}).wire == "mpi4py"
+    with pytest.raises(ValueError, match=r"^MPIMESH_WIRE must be auto, native or mpi4py, got 'c'; "):
+        load({"MPIMESH_WIRE": "c"})
+
+
+SCRIPT = """
+import sys
+from mpimesh import Actor, endpoint, this_host, _current
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, i):
+        return i
+
+    @endpoint
+    def path(self):
+        return _current.runtime.router._probe is not None
+
+    @endpoint
+    def relay(self, other, n):
+        # worker to worker, plain and pickled results, interleaved
+        got = [other.echo.call_one(i).get(30) for i in range(n)]
+        got += other.echo.call_one({"k": list(range(3))}).get(30)["k"]
+        return got
+
+procs = this_host().spawn_procs(per_host={"gpus": 2})
+mesh = procs.spawn("echo", Echo)
+a, b = mesh.slice(gpus=0), mesh.slice(gpus=1)
+native = _current.runtime.router._probe is not None
+assert mesh.path.call().get(30).values() == [native, native]
+futures = [a.echo.call_one(i) for i in range(500)]  # pipelined: batches
+assert [f.get(30) for f in futures] == list(range(500))
+assert [a.echo.call_one(i).get(30) for i in range(200)] == list(range(200))
+assert a.relay.call_one(b, 50).get(30) == list(range(50)) + [0, 1, 2]
+procs.stop().get(30)
+print("PATH", "native" if native else "mpi4py")
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("wire", ["auto", "mpi4py"])
+def test_calls_travel_both_paths(tmp_path: Path, wire: str) -> None:
+    path = tmp_path / "wire_job.py"
+    path.write_text(SCRIPT)
+    env = dict(os.environ, MPIMESH_WIRE=wire)
+    result = run(mpiexec_cmd(3, *python_cmd("-m", "mpimesh", str(path))), timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    want = "mpi4py" if wire == "mpi4py" or os.environ.get("MPIMESH_WIRE") == "mpi4py" else "native"
+    assert f"PATH {want}" in result.stdout
