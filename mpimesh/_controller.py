@@ -123,7 +123,7 @@ class Controller:
         info.Set("wdir", os.getcwd())
         args = ["-m", "mpimesh", "--worker", "--island", str(island)]
         try:
-            with rt.router.lock:
+            with rt.router.exclusive():
                 inter = MPI.COMM_SELF.Spawn(sys.executable, args=args, maxprocs=n, info=info)
         except MPI.Exception as exc:
             free = len(self.free)
@@ -220,7 +220,7 @@ class Controller:
         comm = rt.router.remove_island(island)
         whole = clean and not any(self.procs[a].dead for a in members)
         if comm is not None and whole:
-            with rt.router.lock:
+            with rt.router.exclusive():
                 comm.Disconnect()
         elif not clean:
             self._kill([a for a in members if not self.procs[a].bye and not self.procs[a].dead])

@@ -34,11 +34,12 @@ the caller's memory without a copy and received into pooled blocks
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import _buffers, _wire
@@ -147,6 +148,8 @@ class Router:
         self._probe = _wire.probe
         self._isend = _wire.isend
         self._handles: tuple[int, ...] = ()
+        # one entry per thread waiting in exclusive()
+        self._wanted: list[None] = []
         if self._probe is not None:
             self.poll = self._poll_native  # type: ignore[method-assign]
         self.frames_in = 0
@@ -341,6 +344,20 @@ class Router:
                     raise
             self._bulk -= sends.popleft()[2]
 
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold :attr:`lock` for an MPI call other than a send (a window, a spawn).
+
+        A poller spinning in MPI holds the lock for up to 50 us at a time and
+        takes it again at once: while somebody waits here, it stops polling.
+        """
+        self._wanted.append(None)
+        try:
+            with self.lock:
+                yield
+        finally:
+            self._wanted.pop()
+
     def watch(self, tick: Callable[[], Callable[[], None] | None]) -> None:
         """Call ``tick()`` under the lock on every poll until it returns a function.
 
@@ -445,6 +462,8 @@ class Router:
         # poll() through the native frame path, for the common case: no
         # frames to this very process, no sends or one-sided operations to
         # complete.  A poll that spins returns with the first frame.
+        if self._wanted:
+            return 0  # another thread waits for the lock (exclusive())
         if self._local or self._sends or self._ticks:
             return Router.poll(self, spin)
         self._polls += 1
@@ -453,7 +472,7 @@ class Router:
         probe = self._probe
         assert probe is not None
         got: list[tuple[Addr, Frame, list[Any]]] = []
-        failure = None
+        failures: list[tuple[list[Addr], str]] = []
         with self.lock:
             handles, links = self._handles, self._links
             hit = probe(handles, TAG_FRAME, int(spin * 1e9))
@@ -464,8 +483,13 @@ class Router:
                     exc = MPI.Exception(data)
                     if exc.Get_error_class() not in _FAILED_CLASSES:
                         raise exc
-                    failure = self._acknowledge(link, exc)
-                    break
+                    failures.append(self._acknowledge(link, exc))
+                    # As the mpi4py loop does: go on with the other links, so
+                    # that one failed link cannot keep the rest unread.
+                    handles = handles[:index] + handles[index + 1 :]
+                    links = links[:index] + links[index + 1 :]
+                    hit = probe(handles, TAG_FRAME, 0)
+                    continue
                 frame = pickle.loads(data)
                 source = link.fixed or (link.island, src)
                 if frame[1]:
@@ -477,8 +501,9 @@ class Router:
                 if spin or len(got) >= _BATCH:
                     break
                 hit = probe(handles, TAG_FRAME, -1)  # one more look on each link
-        if failure is not None and self._failed is not None:
-            self._failed(*failure)
+        if failures and self._failed is not None:
+            for addrs, text in failures:
+                self._failed(addrs, text)
         if not got:
             return 1 if self._bulk else 0
         handler = self._handler

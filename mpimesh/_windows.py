@@ -63,7 +63,7 @@ class Window:
 
     def attach(self, memory: Any, addr: int) -> bool:
         """Expose ``memory`` (starting at ``addr``) to the island; False if MPI refuses."""
-        with self.router.lock:
+        with self.router.exclusive():
             try:
                 self.win.Attach(memory)
             except (MPI.Exception, NotImplementedError, TypeError, BufferError):
@@ -76,7 +76,7 @@ class Window:
         memory = self.attached.pop(addr, None)
         if memory is None:
             return
-        with self.router.lock:
+        with self.router.exclusive():
             try:
                 self.win.Detach(memory)
             except MPI.Exception:
@@ -84,12 +84,12 @@ class Window:
 
     def get(self, rank: int, local: Any, remote: int, nbytes: int) -> MPI.Request:
         """Start reading ``nbytes`` at ``remote`` of ``rank`` into ``local``."""
-        with self.router.lock:
+        with self.router.exclusive():
             return self.win.Rget([local, nbytes, MPI.BYTE], rank, [remote, nbytes, MPI.BYTE])
 
     def put(self, rank: int, local: Any, remote: int, nbytes: int) -> MPI.Request:
         """Start writing ``nbytes`` of ``local`` to ``remote`` of ``rank``."""
-        with self.router.lock:
+        with self.router.exclusive():
             return self.win.Rput([local, nbytes, MPI.BYTE], rank, [remote, nbytes, MPI.BYTE])
 
     def flush(self, rank: int) -> None:

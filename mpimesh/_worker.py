@@ -86,7 +86,7 @@ def _disconnect_parent(rt: _runtime.Runtime) -> None:
     watchdog.daemon = True
     watchdog.start()
     try:
-        with rt.router.lock:
+        with rt.router.exclusive():
             MPI.Comm.Get_parent().Disconnect()
     finally:
         watchdog.cancel()

@@ -42,3 +42,18 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test]"
   echo "$want" > "$stamp"
 fi
+
+# The native part (mpimesh._native: the frame path's MPI calls, the CUDA-aware
+# query) needs the MPI compiler wrapper the install above has just put in the
+# venv, which pip's isolated build could not see.  The .so is built in place,
+# so venvs sharing this checkout share it: a venv whose MPI differs from the
+# one it was built for falls back to mpi4py's calls (see mpimesh/_wire.py).
+if ! "$VENV/bin/python" -c 'import mpimesh._native as n; n.wire_probe' 2>/dev/null; then
+  echo "bootstrap: building mpimesh._native with $VENV/bin/mpicc"
+  log=$(mktemp)
+  if ! MPIMESH_MPICC="$VENV/bin/mpicc" "$VENV/bin/python" setup.py build_ext --inplace >"$log" 2>&1; then
+    cat "$log" >&2
+  fi
+  rm -f "$log"
+  "$VENV/bin/python" -c 'import mpimesh._native as n; n.wire_probe'
+fi
