@@ -86,7 +86,7 @@ class Controller:
                 _recoverable_spawns()
         rt = self.rt
         rt.liveness = Liveness(rt)
-        rt._heard = rt.liveness.last_heard
+        rt.router.heard = rt.liveness.last_heard
         for proc in self.procs.values():
             rt.liveness.watch(proc.addr, proc.pid, proc.host)
         self._thread.start()

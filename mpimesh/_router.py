@@ -38,6 +38,7 @@ import contextlib
 import pickle
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -45,7 +46,7 @@ from typing import Any
 from . import _buffers, _wire
 from ._bell import RING_AFTER
 from ._mpi import MPI
-from ._protocol import CONTROLLER, TAG_DATA, TAG_FRAME, Frame, Kind
+from ._protocol import CONTROLLER, NAMES, TAG_DATA, TAG_FRAME, Frame, Kind
 from .config import settings
 
 __all__ = ["Addr", "Router", "CONTROLLER"]
@@ -66,6 +67,10 @@ _FAILED_CLASSES = {
 _BULK = 1 << 20
 
 _KIND_BATCH = Kind.BATCH
+_KIND_PING = Kind.PING
+
+# How often a polling thread runs the router's every_ms hook.
+_EVERY_MS = 1e-3
 
 # Frames without out-of-band buffers share this (never mutated) list.
 _NO_BUFFERS: list[Any] = []
@@ -118,17 +123,35 @@ class Router:
 
     Args:
         addr: this process's address.
-        handler: called as ``handler(src, frame, buffers)`` for every frame,
-            in arrival order, by the thread that polls.
+        handlers: frame kind -> ``handler(src, frame, buffers)``, called for
+            every frame, in arrival order, by the thread that polls.
+        failed: called as ``failed(addrs, text)`` when MPI reports peers failed.
+        broken: called with a traceback's text when a handler or a poll
+            raised (the polling thread must survive it).
     """
 
-    def __init__(self, addr: Addr, handler: Handler, failed: Failed | None = None) -> None:
+    def __init__(
+        self,
+        addr: Addr,
+        handlers: dict[int, Handler],
+        failed: Failed | None = None,
+        broken: Callable[[str], None] | None = None,
+    ) -> None:
         self.addr = addr
         #: held for receiving and every MPI call other than a send
         self.lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._handler = handler
+        self._handlers = handlers
         self._failed = failed
+        self._broken = broken
+        #: called about once per millisecond of polling (liveness, logs)
+        self.every_ms: Callable[[], None] | None = None
+        self._next_ms = 0.0
+        #: source -> when a frame from it last arrived, for the sources in it
+        #: (the controller's liveness); ``None``: track the controller only
+        self.heard: dict[Addr, float] | None = None
+        #: when a frame from the controller last arrived (workers)
+        self.heard_controller = time.monotonic()
         self._links: list[_Link] = []
         # island -> (link, whether the remote ranks are addressed directly)
         self._routes: dict[int, _Link] = {}
@@ -380,14 +403,29 @@ class Router:
     def poll(self, spin: float = 0.0) -> int:
         """Receive what has arrived and dispatch it; returns the number of frames.
 
-        With the native frame path (``_wire``) and nothing but frames to
-        receive, :meth:`_poll_native` does it instead (assigned over this
-        method at start-up, so the hot path has no extra call).
+        Heartbeats are not counted: they must not keep an idle process out of
+        its back-off.  An exception (an MPI error the router does not know,
+        a bug) is reported through ``broken`` and counts as nothing received.
+        With the native frame path (``_wire``), :meth:`_poll_native` does it
+        instead (assigned over this method at start-up, so the hot path has
+        no extra call).
 
         Args:
             spin: with the native frame path, keep probing up to this many
                 seconds (the GIL released) until a frame arrives.
         """
+        try:
+            return self._poll_mpi4py()
+        except Exception:
+            self._report()
+            return 0
+
+    def _report(self) -> None:
+        if self._broken is None:
+            raise
+        self._broken(traceback.format_exc())
+
+    def _poll_mpi4py(self) -> int:
         self._polls += 1
         if self._held:
             self.flush()
@@ -447,16 +485,45 @@ class Router:
         if failures and self._failed is not None:
             for addrs, text in failures:
                 self._failed(addrs, text)
+        now = time.monotonic()
+        if now >= self._next_ms:
+            self._every_ms(now)
         if not got:
             # A pending one-sided operation or large send counts as traffic:
             # keep polling tight until it completes (both ends of an emulated
             # RMA need it; the reply to a large call follows its last byte).
             return 1 if self._ticks or self._bulk else 0
-        handler = self._handler
-        for sender, received, carried in got:
-            handler(sender, received, carried)
+        return self._deliver(got, now)
+
+    def _every_ms(self, now: float) -> None:
+        self._next_ms = now + _EVERY_MS
+        if self.every_ms is not None:
+            self.every_ms()
+
+    def _deliver(self, got: list[tuple[Addr, Frame, list[Any]]], now: float) -> int:
+        # Hand frames to their handlers; returns how many count as traffic.
+        handlers = self._handlers
+        heard = self.heard
+        quiet = 0
+        for source, frame, buffers in got:
+            if heard is not None:
+                if source in heard:
+                    heard[source] = now
+            elif source == CONTROLLER:
+                self.heard_controller = now
+            kind = frame[0]
+            if kind == _KIND_PING:
+                quiet += 1
+            try:
+                handlers[kind](source, frame, buffers)
+            except Exception:
+                # A handler bug must not kill the polling thread (and with
+                # it the process): report it and keep serving.
+                if self._broken is None:
+                    raise
+                self._broken(f"error handling {NAMES.get(kind, kind)} from {source}:\n{traceback.format_exc()}")
         self.frames_in += len(got)
-        return len(got)
+        return len(got) - quiet
 
     def _poll_native(self, spin: float = 0.0) -> int:
         # poll() through the native frame path, for the common case: no
@@ -466,51 +533,54 @@ class Router:
             return 0  # another thread waits for the lock (exclusive())
         if self._local or self._sends or self._ticks:
             return Router.poll(self, spin)
-        self._polls += 1
-        if self._held:
-            self.flush()
-        probe = self._probe
-        assert probe is not None
-        got: list[tuple[Addr, Frame, list[Any]]] = []
-        failures: list[tuple[list[Addr], str]] = []
-        with self.lock:
-            handles, links = self._handles, self._links
-            hit = probe(handles, TAG_FRAME, int(spin * 1e9))
-            while hit is not None:
-                index, src, data = hit
-                link = links[index]
-                if src < 0:
-                    exc = MPI.Exception(data)
-                    if exc.Get_error_class() not in _FAILED_CLASSES:
-                        raise exc
-                    failures.append(self._acknowledge(link, exc))
-                    # As the mpi4py loop does: go on with the other links, so
-                    # that one failed link cannot keep the rest unread.
-                    handles = handles[:index] + handles[index + 1 :]
-                    links = links[:index] + links[index + 1 :]
-                    hit = probe(handles, TAG_FRAME, 0)
-                    continue
-                frame = pickle.loads(data)
-                source = link.fixed or (link.island, src)
-                if frame[1]:
-                    got.append((source, frame, self._recv_buffers(link.comm, src, frame[1])))
-                elif frame[0] == _KIND_BATCH:
-                    got.extend([(source, pickle.loads(data), _NO_BUFFERS) for data in frame[2]])
-                else:
-                    got.append((source, frame, _NO_BUFFERS))
-                if spin or len(got) >= _BATCH:
-                    break
-                hit = probe(handles, TAG_FRAME, -1)  # one more look on each link
-        if failures and self._failed is not None:
-            for addrs, text in failures:
-                self._failed(addrs, text)
-        if not got:
-            return 1 if self._bulk else 0
-        handler = self._handler
-        for sender, received, carried in got:
-            handler(sender, received, carried)
-        self.frames_in += len(got)
-        return len(got)
+        try:
+            self._polls += 1
+            if self._held:
+                self.flush()
+            probe = self._probe
+            assert probe is not None
+            got: list[tuple[Addr, Frame, list[Any]]] = []
+            failures: list[tuple[list[Addr], str]] = []
+            with self.lock:
+                handles, links = self._handles, self._links
+                hit = probe(handles, TAG_FRAME, int(spin * 1e9))
+                while hit is not None:
+                    index, src, data = hit
+                    link = links[index]
+                    if src < 0:
+                        exc = MPI.Exception(data)
+                        if exc.Get_error_class() not in _FAILED_CLASSES:
+                            raise exc
+                        failures.append(self._acknowledge(link, exc))
+                        # As the mpi4py loop does: go on with the other links, so
+                        # that one failed link cannot keep the rest unread.
+                        handles = handles[:index] + handles[index + 1 :]
+                        links = links[:index] + links[index + 1 :]
+                        hit = probe(handles, TAG_FRAME, 0)
+                        continue
+                    frame = pickle.loads(data)
+                    source = link.fixed or (link.island, src)
+                    if frame[1]:
+                        got.append((source, frame, self._recv_buffers(link.comm, src, frame[1])))
+                    elif frame[0] == _KIND_BATCH:
+                        got.extend([(source, pickle.loads(data), _NO_BUFFERS) for data in frame[2]])
+                    else:
+                        got.append((source, frame, _NO_BUFFERS))
+                    if spin or len(got) >= _BATCH:
+                        break
+                    hit = probe(handles, TAG_FRAME, -1)  # one more look on each link
+            if failures and self._failed is not None:
+                for addrs, text in failures:
+                    self._failed(addrs, text)
+            now = time.monotonic()
+            if now >= self._next_ms:
+                self._every_ms(now)
+            if not got:
+                return 1 if self._bulk else 0
+            return self._deliver(got, now)
+        except Exception:
+            self._report()
+            return 0
 
     @staticmethod
     def _recv_buffers(comm: MPI.Comm, src: int, sizes: tuple[Any, ...]) -> list[Any]:

@@ -16,7 +16,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +46,6 @@ _runtime: Runtime | None = None
 # about first (a worker: the controller's DEAD notice; the controller: its
 # pidfd), before failing its waits with ULFM's poorer message.
 _MPI_REPORT_GRACE = 0.2
-# How often the controller looks at its workers' pidfds while polling.
-_CHECK_EVERY = 0.001
 _boot_lock = threading.Lock()
 
 _REPLY, _OK, _FAILED, _VALUE = Kind.REPLY, Status.OK, Status.FAILED, Status.VALUE
@@ -91,8 +88,10 @@ class Runtime:
         self.role = role
         self.host = hostname()
         self.pid = os.getpid()
-        self.router = Router(addr, self._dispatch, self._mpi_failed)
-        self.progress = Progress(self._poll, lambda: self.router.sent_at)
+        self._handlers: dict[int, Callable[[Addr, Frame, list[Any]], None]] = {}
+        self.router = Router(addr, self._handlers, self._mpi_failed, self._broken)
+        self.router.every_ms = self._every_ms
+        self.progress = Progress(self.router.poll, lambda: self.router.sent_at)
         self.router.on_hold = self.progress.kick
         self.ports = PortTable()
         self.actors = ActorHost(self)
@@ -102,14 +101,9 @@ class Runtime:
         self.dead: dict[Addr, str] = {}
         # actor meshes spawned from this process, by key
         self.owned: dict[Key, Owned] = {}
-        self._heard: dict[Addr, float] | None = None
-        self._pings = 0
-        self._next_check = 0.0
         self._poll_errors: set[str] = set()
         # workers: peers ULFM reported failed, waiting for the controller's word
         self._mpi_reported: dict[Addr, tuple[float, str]] = {}
-        # workers: when the controller was last heard from
-        self.heard_controller = time.monotonic()
         # rings other processes' doorbells (see open_bell)
         self.ringer: Ringer | None = None
         # stdout/stderr forwarders of a worker (see _logs)
@@ -122,9 +116,7 @@ class Runtime:
         self.controller_host = self.host
         self.controller_pid = self.pid
         self._ids = itertools.count(1)
-        self._handlers: dict[int, Callable[[Addr, Frame, list[Any]], None]] = {
-            kind: getattr(self, name) for kind, name in HANDLERS.items()
-        }
+        self._handlers.update({kind: getattr(self, name) for kind, name in HANDLERS.items()})
         # The two kinds of every call go straight to their owners.
         self._handlers[Kind.CALL] = self.actors.on_call
         self._handlers[Kind.REPLY] = self.ports.on_reply
@@ -178,36 +170,23 @@ class Runtime:
 
     # -- failures ----------------------------------------------------------
 
-    def _poll(self, spin: float = 0.0) -> int:
-        # Heartbeats do not count as traffic: they must not keep an idle
-        # process out of its deep back-off.
-        pings = self._pings
-        try:
-            handled = self.router.poll(spin)
-        except Exception:
-            # An MPI error the router does not know how to handle.  Report it
-            # (once per kind) and keep serving: killing the polling thread
-            # would take the whole process down with it.
-            self._poll_error(traceback.format_exc())
-            return 0
-        # The rest once per millisecond, not per poll: one poll(2) on the
-        # pidfds per poll was a tenth of the round trip.
-        now = time.monotonic()
-        if now >= self._next_check:
-            self._next_check = now + _CHECK_EVERY
-            for forwarder in self.forwarders:
-                forwarder.drain()  # lines a write could not send itself
-            if self._mpi_reported:
-                self._apply_mpi_reported()
-            if self.liveness is not None:
-                self.liveness.check()
-        return handled - (self._pings - pings)
+    def _every_ms(self) -> None:
+        # Run by the polling thread about once per millisecond: one poll(2)
+        # on the pidfds per poll was a tenth of the round trip.
+        for forwarder in self.forwarders:
+            forwarder.drain()  # lines a write could not send itself
+        if self._mpi_reported:
+            self._apply_mpi_reported()
+        if self.liveness is not None:
+            self.liveness.check()
 
-    def _poll_error(self, text: str) -> None:
+    def _broken(self, text: str) -> None:
+        # A poll or a handler raised.  Report it (once per kind) and keep
+        # serving: killing the polling thread would take the process down.
         last = text.strip().splitlines()[-1]
         if last not in self._poll_errors:
             self._poll_errors.add(last)
-            print(f"[mpimesh {self.addr}] error while polling MPI (reported once):\n{text}",
+            print(f"[mpimesh {self.addr}] error in the polling thread (reported once):\n{text}",
                   file=sys.stderr, flush=True)
 
     def _mpi_failed(self, addrs: list[Addr], text: str) -> None:
@@ -324,21 +303,6 @@ class Runtime:
 
     # -- dispatch ----------------------------------------------------------
 
-    def _dispatch(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        heard = self._heard
-        if heard is not None and src in heard:
-            heard[src] = time.monotonic()
-        elif src == CONTROLLER:
-            self.heard_controller = time.monotonic()
-        try:
-            self._handlers[frame[0]](src, frame, buffers)
-        except Exception:
-            # A handler bug must not kill the polling thread (and with it
-            # the process): report it and keep serving.
-            text = traceback.format_exc()
-            print(f"[mpimesh {self.addr}] error handling {NAMES.get(frame[0], frame[0])} from {src}:\n{text}",
-                  file=sys.stderr, flush=True)
-
     def _on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.actors.on_call(src, frame, buffers)
 
@@ -366,7 +330,6 @@ class Runtime:
             self.cond.notify_all()
 
     def _on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        self._pings += 1
         if self.controller is not None:
             self.controller.on_ping(src, frame)
         else:

@@ -34,7 +34,7 @@ def _controller_alive(rt: _runtime.Runtime) -> bool:
     if rt.controller_host != rt.host:
         # Another node: the controller pings every worker at least every
         # half heartbeat timeout; twice the timeout of silence means it is gone.
-        return time.monotonic() - rt.heard_controller < 2 * settings.heartbeat_timeout
+        return time.monotonic() - rt.router.heard_controller < 2 * settings.heartbeat_timeout
     try:
         os.kill(rt.controller_pid, 0)
     except ProcessLookupError:

@@ -131,9 +131,12 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         else:
             ok = driver(self.done, self._cond, timeout)
         if not ok:
-            raise TimeoutError(
-                f"{self!r} not done after {timeout:g} s; call get() again to keep waiting, or raise the timeout"
-            )
+            raise self._timed_out(timeout)
+
+    def _timed_out(self, timeout: float | None) -> TimeoutError:
+        return TimeoutError(
+            f"{self!r} not done after {timeout:g} s; call get() again to keep waiting, or raise the timeout"
+        )
 
     def _wait_showing(self, driver: Callable[..., bool], timeout: float | None, every: float) -> bool:
         # MPIMESH_SHOW_WAITS: say on stderr what a long wait is waiting for.
@@ -162,7 +165,13 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
             SupervisionError: the remote process or actor failed.
         """
         if self._state != _FINISHED:
-            self._wait(timeout)
+            driver = _driver
+            if driver is not None and settings.show_waits <= 0 and self._state not in _SETTLED:
+                # _wait(), inlined for the round trip's sake
+                if not driver(self.done, self._cond, timeout):
+                    raise self._timed_out(timeout)
+            else:
+                self._wait(timeout)
         if self._state == _FINISHED and self._exception is None:
             # Without the stdlib's result(): it takes the condition, which
             # would make it (1.5 us) for a future nobody ever slept on.

@@ -168,3 +168,46 @@ def test_calls_travel_both_paths(tmp_path: Path, wire: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     want = "mpi4py" if wire == "mpi4py" or os.environ.get("MPIMESH_WIRE") == "mpi4py" else "native"
     assert f"PATH {want}" in result.stdout
+
+
+def _router(comm: MPI.Intracomm, handlers: dict, broken: list[str]) -> object:
+    from mpimesh._router import Router
+
+    router = Router((0, 0), handlers, broken=broken.append)
+    router.add_island(comm, 0)
+    return router
+
+
+def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm) -> None:
+    from mpimesh._protocol import Kind
+
+    seen: list[object] = []
+    broken: list[str] = []
+
+    def bad(src: object, frame: tuple, buffers: list) -> None:
+        raise KeyError("boom")
+
+    router = _router(comm, {Kind.LOG: bad, Kind.FAULT: lambda s, f, b: seen.append(f[2])}, broken)
+    router.send((0, 0), (Kind.LOG, None, "x"))
+    router.send((0, 0), (Kind.FAULT, None, "after"))
+    assert router.poll() == 2
+    assert seen == ["after"]
+    assert len(broken) == 1 and broken[0].startswith("error handling LOG from (0, 0):\n")
+    assert "KeyError: 'boom'" in broken[0]
+
+
+def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm) -> None:
+    from mpimesh._protocol import Kind
+
+    ticks: list[float] = []
+    router = _router(comm, {Kind.FAULT: lambda s, f, b: None, Kind.PING: lambda s, f, b: None}, [])
+    router.every_ms = lambda: ticks.append(time.monotonic())
+    router.heard = {(0, 0): 0.0}
+    router.poll()
+    assert len(ticks) == 1
+    router.poll()
+    assert len(ticks) == 1  # not again within the millisecond
+    time.sleep(0.002)
+    router.send((0, 0), (Kind.PING, None))
+    assert router.poll() == 0  # a heartbeat is not traffic
+    assert len(ticks) == 2 and router.heard[(0, 0)] > 0
