@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from . import _serialize
 from ._protocol import Frame, Key, Kind, Status
 from .context import Context, Instance, _current
+from .errors import MeshInternalError
 from .shape import Extent, Point
 
 if TYPE_CHECKING:
@@ -40,7 +41,9 @@ Port = tuple[Addr, int]
 _NOT_AWAITABLE = frozenset((int, float, str, bool, type(None), bytes, tuple, list, dict))
 # Results of these types ride in the reply frame (see Runtime.reply).
 _SCALARS = frozenset((int, float, str, bool, type(None), complex))
-_REPLY, _VALUE = Kind.REPLY, Status.VALUE
+_REPLY, _VALUE, _CALL = Kind.REPLY, Status.VALUE, Kind.CALL
+# The keyword arguments of every SITE_CALL (only unpacked, never changed).
+_NO_KWARGS: dict[str, Any] = {}
 
 
 def _point(raw: tuple[int, tuple[str, ...], tuple[int, ...]]) -> Point:
@@ -410,6 +413,8 @@ class ActorHost:
         # spawner): held until the actor exists.
         self.parked: dict[Key, list[tuple[Any, ...]]] = {}
         self.tombstones: dict[Key, str] = {}
+        # call site -> (actor key, method, caller's address, message point), see Kind.SITE_CALL
+        self.sites: dict[int, tuple[Key, str, Addr, tuple[Any, ...]]] = {}
         # Every actor thread ever started: the process must not finalize MPI
         # while one of them is still on its way out (MPICH keeps per-thread
         # state and hangs in MPI_Finalize otherwise).
@@ -432,6 +437,9 @@ class ActorHost:
         cell.thread.start()
 
     def on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        if len(frame) > 7:
+            # (actor, method, caller, point) of later SITE_CALLs from the caller
+            self.sites[frame[7]] = (frame[2], frame[3], frame[5][0], frame[6])
         key = frame[2]
         cell = self.cells.get(key)
         if cell is not None:
@@ -450,6 +458,15 @@ class ActorHost:
         port, mpoint = frame[5], frame[6]
         if port is not None:
             self.runtime.reply(port, mpoint[0], Status.FAILED, f"actor {frame[3]}() target is gone: {reason}")
+
+    def on_site_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        _, _, site, pid, args = frame
+        entry = self.sites.get(site)
+        if entry is None:
+            # Cannot happen: the registering CALL travelled the same path first.
+            raise MeshInternalError(f"SITE_CALL from {src} names call site {site}, which was never registered here")
+        key, method, caller, point = entry
+        self.on_call(src, (_CALL, None, key, method, (args, _NO_KWARGS), (caller, pid), point), buffers)
 
     def on_stop(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, key, port, index, reason = frame

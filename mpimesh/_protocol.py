@@ -43,8 +43,10 @@ class Kind:
     HELLO: Final = 2
     #: any -> worker: create an actor: (actor_key, name, point, is_async, body, reply_port, creator, sys_path)
     SPAWN: Final = 3
-    #: any -> actor: (actor_key, method, args, reply_port | None, message_point); args is
-    #: ``(args, kwargs)`` itself when plain data, else their pickle
+    #: any -> actor: (actor_key, method, args, reply_port | None, message_point[, site]); args
+    #: is ``(args, kwargs)`` itself when plain data, else their pickle.  A trailing ``site``
+    #: (a job-wide unique int) registers actor, method, caller and point as a call site
+    #: that later calls from the same process may name instead (SITE_CALL)
     CALL: Final = 4
     #: any -> port owner: (port_id, index, status, body)
     REPLY: Final = 5
@@ -68,6 +70,10 @@ class Kind:
     LOG: Final = 14
     #: any -> any: several frames to one process in one message: ([frame_bytes, ...],)
     BATCH: Final = 15
+    #: any -> actor: a CALL through a registered call site, plain positional arguments
+    #: only: (site, reply_port_id, args).  It travels the same path as the CALL that
+    #: registered the site, so it cannot overtake it (MPI keeps per-pair order)
+    SITE_CALL: Final = 16
 
 
 #: kind -> its name, for messages.

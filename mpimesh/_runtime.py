@@ -116,12 +116,21 @@ class Runtime:
         self.controller_host = self.host
         self.controller_pid = self.pid
         self._ids = itertools.count(1)
+        self._site_ids = itertools.count(1)
+        #: (actor's address, mesh key, method, message point) -> registered call site (SITE_CALL)
+        self.sites: dict[tuple[Any, ...], int] = {}
         self._handlers.update({kind: getattr(self, name) for kind, name in HANDLERS.items()})
         # The two kinds of every call go straight to their owners.
         self._handlers[Kind.CALL] = self.actors.on_call
+        self._handlers[Kind.SITE_CALL] = self.actors.on_site_call
         self._handlers[Kind.REPLY] = self.ports.on_reply
 
     # -- services for the rest of the package --------------------------------
+
+    def new_site(self) -> int:
+        """A job-wide unique call-site number (see ``Kind.SITE_CALL``)."""
+        island, rank = self.addr
+        return (island << 48) | (rank << 28) | next(self._site_ids)
 
     def new_id(self) -> tuple[int, int, int]:
         """A job-wide unique id: this address plus a counter."""
@@ -305,6 +314,9 @@ class Runtime:
 
     def _on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.actors.on_call(src, frame, buffers)
+
+    def _on_site_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        self.actors.on_site_call(src, frame, buffers)
 
     def _on_spawn(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.actors.on_spawn(src, frame, buffers)

@@ -23,6 +23,7 @@ T = TypeVar("T")
 Addr = tuple[int, int]
 
 _CALL = Kind.CALL
+_SITE_CALL = Kind.SITE_CALL
 _NO_BUFFERS: list[Any] = []
 # Arguments made only of builtin scalars ride in the frame (see _serialize.plain).
 _ATOMS = frozenset((int, float, str, bool, type(None), complex))
@@ -177,6 +178,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         # per rank of this (sliced) mesh: its address and its message point
         self._targets: list[Addr] | None = None
         self._points: list[tuple[int, tuple[str, ...], tuple[int, ...]]] = []
+        # method (rank 0) or (method, rank) -> call site registered from this process
+        self._sites: dict[Any, int] = {}
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         return ActorMesh(
@@ -276,11 +279,19 @@ class ActorMesh(MeshTrait, Generic[T]):
         rt = _current.runtime or _current.current()
         targets = self._targets or self._resolve()
         addr = targets[rank]
-        if not kwargs and _plain_tuple(args):
-            payload: Any = (args, kwargs)
+        site = self._sites.get(method) if rank == 0 else self._sites.get((method, rank))
+        if site is not None and not kwargs and _plain_tuple(args):
+            # A registered call site: a frame a third the size (Kind.SITE_CALL).
+            payload: Any = args
             buffers = _NO_BUFFERS
         else:
-            payload, buffers = self._payload(method, args, kwargs)
+            if not kwargs and _plain_tuple(args):
+                payload = (args, kwargs)
+                buffers = _NO_BUFFERS
+            else:
+                payload, buffers = self._payload(method, args, kwargs)
+            if site is not None:
+                site = -1  # registered, but this call needs the full frame
         waiting = OneReply(fut, what, addr, self._shape, rank)
         dead = rt.dead
         if dead and addr in dead:
@@ -288,13 +299,35 @@ class ActorMesh(MeshTrait, Generic[T]):
             return
         ports = rt.ports
         pid = ports.open(waiting)
-        sizes = tuple(b.nbytes for b in buffers) if buffers else None
-        frame = (_CALL, sizes, self._key, method, payload, (rt.addr, pid), self._points[rank])
+        if site is not None and site > 0:
+            frame: tuple[Any, ...] = (_SITE_CALL, None, site, pid, payload)
+        else:
+            sizes = tuple(b.nbytes for b in buffers) if buffers else None
+            frame = (_CALL, sizes, self._key, method, payload, (rt.addr, pid), self._points[rank])
+            if site is None:
+                site = self._register(rt, addr, method, rank)
+                if site > 0:
+                    frame += (site,)
         try:
             rt.router.send(addr, frame, buffers)
         except ConnectionError as exc:
             waiting.fail(addr, str(exc))
             ports.close(pid)
+            return
+        if len(frame) == 8:
+            # Sent: later calls from this process may name the site.
+            rt.sites[addr, self._key, method, self._points[rank]] = site
+            self._sites[method if rank == 0 else (method, rank)] = site
+
+    def _register(self, rt: Any, addr: Addr, method: str, rank: int) -> int:
+        # The call site of (actor, method, point) from this process: a new
+        # number to register with this CALL, or -1 when another mesh object
+        # already registered it (then remembered on this one too).
+        known = rt.sites.get((addr, self._key, method, self._points[rank]))
+        if known is not None:
+            self._sites[method if rank == 0 else (method, rank)] = known
+            return -1
+        return int(rt.new_site())
 
     def _cast(
         self,

@@ -254,6 +254,51 @@ def test_pipelined_calls_keep_order_around_large_arrays(echo: object) -> None:
         assert router.batches_out > batches
 
 
+def test_call_sites_keep_order_with_full_frames(echo: object) -> None:
+    """Short SITE_CALL frames and full CALL frames (kwargs, arrays) to one actor stay in order."""
+    from mpimesh import _current
+
+    rt = _current.current()
+    one = echo.slice(gpus=0)  # type: ignore[attr-defined]
+    one.append.call_one(-1).get(30)  # registers the site
+    futs = []
+    for i in range(400):
+        if i % 7 == 3:
+            futs.append(one.echo.call_one(i, twice=True))  # keyword: a full frame
+        elif i % 50 == 10:
+            futs.append(one.total.call_one(np.full(3, i, dtype=np.float64)))  # array: a full frame
+        else:
+            futs.append(one.append.call_one(i))
+    got = [f.get(30) for f in futs]
+    assert got[3] == (3, 3) and got[60] == 180.0
+    history = one.history.call_one().get(30)
+    plain = [i for i in range(400) if i % 7 != 3 and i % 50 != 10]
+    assert history[-len(plain) - 1:] == [-1, *plain]
+    addr = one._targets[0]
+    assert (addr, one._key, "append", one._points[0]) in rt.sites
+
+
+class Sites(Actor):
+    @endpoint
+    def count(self) -> int:
+        from mpimesh import _current
+
+        # sites naming this endpoint (the worker also hosts other tests' actors)
+        return sum(method == "count" for _, method, _, _ in _current.current().actors.sites.values())
+
+
+def test_a_call_site_is_registered_once_per_caller(procs: object) -> None:
+    """New slice objects for the same actor reuse the caller's registered site."""
+    mesh = procs.spawn("sites", Sites)  # type: ignore[attr-defined]
+    try:
+        for _ in range(5):
+            mesh.slice(gpus=0).count.call_one().get(30)
+        counts = [mesh.slice(gpus=0).count.call_one().get(30) for _ in range(3)]
+        assert counts == [1, 1, 1]  # count() at rank 0, from this controller: one site
+    finally:
+        mesh.stop().get(30)
+
+
 def test_arguments_are_taken_when_the_call_is_made(echo: object) -> None:
     """Mutating an argument after the call (while it waits in a batch) changes nothing."""
     one = echo.slice(gpus=0)  # type: ignore[attr-defined]

@@ -211,3 +211,42 @@ def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm) -> None:
     router.send((0, 0), (Kind.PING, None))
     assert router.poll() == 0  # a heartbeat is not traffic
     assert len(ticks) == 2 and router.heard[(0, 0)] > 0
+
+
+RELAY = """
+from mpimesh import Actor, endpoint, this_host
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x):
+        return x
+
+class Caller(Actor):
+    def __init__(self, other):
+        self.other = other
+
+    @endpoint
+    def relay(self, n):
+        # call sites registered and used through the controller's relay
+        return [self.other.echo.call_one(i).get(10) for i in range(n)]
+
+first = this_host().spawn_procs(per_host={"gpus": 1})
+second = this_host().spawn_procs(per_host={"gpus": 1})
+echo = second.spawn("echo", Echo)
+caller = first.spawn("caller", Caller, echo)
+assert caller.relay.call_one(30).get(30) == list(range(30))
+assert caller.relay.call_one(5).get(30) == list(range(5))
+first.stop().get(30)
+second.stop().get(30)
+print("RELAYED")
+"""
+
+
+@pytest.mark.subprocess
+def test_call_sites_across_islands(tmp_path: Path) -> None:
+    """Two spawned islands: worker-to-worker calls go through the controller, call sites included."""
+    path = tmp_path / "relay_job.py"
+    path.write_text(RELAY)
+    result = run(python_cmd(str(path)), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RELAYED" in result.stdout
