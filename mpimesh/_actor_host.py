@@ -114,9 +114,6 @@ class _Cell:
         if self._wake is not None:
             self._wake.set()
 
-    def _has_mail(self) -> bool:
-        return bool(self.mailbox)
-
     def request_stop(self, reason: str) -> None:
         self.put(("stop", reason, None))
 
@@ -179,9 +176,6 @@ class _Cell:
         else:
             return self._stop(item, pending)
         return True
-
-    def _handle(self, item: tuple[Any, ...]) -> bool:
-        return self._step(item, None)
 
     async def _ahandle(self, item: tuple[Any, ...]) -> bool:
         pending: list[Any] = []

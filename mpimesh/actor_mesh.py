@@ -279,19 +279,21 @@ class ActorMesh(MeshTrait, Generic[T]):
         rt = _current.runtime or _current.current()
         targets = self._targets or self._resolve()
         addr = targets[rank]
-        site = self._sites.get(method) if rank == 0 else self._sites.get((method, rank))
-        if site is not None and not kwargs and _plain_tuple(args):
-            # A registered call site: a frame a third the size (Kind.SITE_CALL).
-            payload: Any = args
+        # The call site this process registered for (actor, method, point),
+        # if any (Kind.SITE_CALL): a call with plain positional arguments
+        # names it instead of the actor, method, reply address and point.
+        here = method if rank == 0 else (method, rank)
+        site = self._sites.get(here)
+        if site is None:
+            site = rt.sites.get((addr, self._key, method, self._points[rank]))  # another mesh object's
+            if site is not None:
+                self._sites[here] = site
+        plain = not kwargs and _plain_tuple(args)
+        if plain:
+            payload: Any = args if site is not None else (args, kwargs)
             buffers = _NO_BUFFERS
         else:
-            if not kwargs and _plain_tuple(args):
-                payload = (args, kwargs)
-                buffers = _NO_BUFFERS
-            else:
-                payload, buffers = self._payload(method, args, kwargs)
-            if site is not None:
-                site = -1  # registered, but this call needs the full frame
+            payload, buffers = self._payload(method, args, kwargs)
         waiting = OneReply(fut, what, addr, self._shape, rank)
         dead = rt.dead
         if dead and addr in dead:
@@ -299,35 +301,25 @@ class ActorMesh(MeshTrait, Generic[T]):
             return
         ports = rt.ports
         pid = ports.open(waiting)
-        if site is not None and site > 0:
+        register = 0
+        if plain and site is not None:
             frame: tuple[Any, ...] = (_SITE_CALL, None, site, pid, payload)
         else:
             sizes = tuple(b.nbytes for b in buffers) if buffers else None
             frame = (_CALL, sizes, self._key, method, payload, (rt.addr, pid), self._points[rank])
             if site is None:
-                site = self._register(rt, addr, method, rank)
-                if site > 0:
-                    frame += (site,)
+                register = rt.new_site()
+                frame += (register,)
         try:
             rt.router.send(addr, frame, buffers)
         except ConnectionError as exc:
             waiting.fail(addr, str(exc))
             ports.close(pid)
             return
-        if len(frame) == 8:
-            # Sent: later calls from this process may name the site.
-            rt.sites[addr, self._key, method, self._points[rank]] = site
-            self._sites[method if rank == 0 else (method, rank)] = site
-
-    def _register(self, rt: Any, addr: Addr, method: str, rank: int) -> int:
-        # The call site of (actor, method, point) from this process: a new
-        # number to register with this CALL, or -1 when another mesh object
-        # already registered it (then remembered on this one too).
-        known = rt.sites.get((addr, self._key, method, self._points[rank]))
-        if known is not None:
-            self._sites[method if rank == 0 else (method, rank)] = known
-            return -1
-        return int(rt.new_site())
+        if register:
+            # Sent: the site's CALL is ahead of any later call on this path.
+            rt.sites[addr, self._key, method, self._points[rank]] = register
+            self._sites[here] = register
 
     def _cast(
         self,
