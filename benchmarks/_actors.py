@@ -10,12 +10,13 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
-
-from mpi4py import MPI
+from collections.abc import Sequence
+from typing import Any
 
 import _raw
 from _common import launch_env, run_bounded
+from mpi4py import MPI
+
 from mpimesh import Actor, endpoint
 
 __all__ = ["Bench", "describe_job", "raw_fanout", "raw_pipelined", "raw_standalone"]

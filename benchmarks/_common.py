@@ -15,7 +15,8 @@ import signal
 import statistics
 import subprocess
 import sys
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = [
     "MPI_ENV",

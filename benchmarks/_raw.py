@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from _common import TAG
 

@@ -18,6 +18,7 @@ import argparse
 
 from _actors import Bench, describe_job, raw_fanout, raw_standalone, time_calls
 from _common import emit, median, r, ratio, summary_us, watchdog
+
 from mpimesh import this_host
 
 

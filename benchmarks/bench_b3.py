@@ -21,6 +21,7 @@ import time
 
 from _actors import Bench, describe_job, raw_pipelined, raw_standalone
 from _common import emit, median, ratio, watchdog
+
 from mpimesh import this_host
 
 

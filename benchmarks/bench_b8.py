@@ -23,10 +23,10 @@ import argparse
 import os
 import time
 
-from mpi4py import MPI
-
 from _actors import Bench, describe_job, time_calls
 from _common import TAG, emit, median, r, summary_us, watchdog
+from mpi4py import MPI
+
 from mpimesh import this_host
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -45,7 +45,7 @@ def idle_cpu(pids: list[int], seconds: float) -> list[float]:
     t0 = time.monotonic()
     time.sleep(seconds)
     wall = time.monotonic() - t0
-    return [100.0 * (cpu_seconds(p) - b) / wall for p, b in zip(pids, before)]
+    return [100.0 * (cpu_seconds(p) - b) / wall for p, b in zip(pids, before, strict=True)]
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import time
 
 from _actors import Bench, describe_job, raw_fanout, raw_standalone
 from _common import emit, median, r, ratio, summary_us, watchdog
+
 from mpimesh import this_host
 
 

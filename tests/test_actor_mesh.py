@@ -22,7 +22,6 @@ from mpimesh import (
     current_rank,
     current_size,
     endpoint,
-    this_host,
     this_proc,
 )
 
@@ -413,7 +412,11 @@ def test_unpicklable_argument_raises_at_the_caller(echo: object) -> None:
 
 def test_wrong_arguments_raise_at_the_caller(echo: object) -> None:
     """Arguments are checked against the endpoint's signature."""
-    with pytest.raises(TypeError, match=r"^echo.echo\(\): missing a required argument: 'x'; the endpoint takes \(x, \*, twice=False\)$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^echo.echo\(\): missing a required argument: 'x'; "
+        r"the endpoint takes \(x, \*, twice=False\)$",
+    ):
         echo.echo.call()  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match=r"^echo.echo\(\): got an unexpected keyword argument 'thrice'; "):
         echo.echo.call(1, thrice=True)  # type: ignore[attr-defined]
@@ -421,10 +424,18 @@ def test_wrong_arguments_raise_at_the_caller(echo: object) -> None:
 
 def test_method_that_is_not_an_endpoint(echo: object) -> None:
     """A plain method is not callable through the mesh, and the error says how to fix it."""
-    with pytest.raises(AttributeError, match=r"^Echo.helper is not an endpoint, so ActorMesh\('echo', Echo, hosts=1, gpus=2\) cannot call it; decorate it with @endpoint$"):
-        echo.helper  # type: ignore[attr-defined]
-    with pytest.raises(AttributeError, match=r"^ActorMesh\('echo', Echo, hosts=1, gpus=2\) has no endpoint 'nothing'; its endpoints are \['append', "):
-        echo.nothing  # type: ignore[attr-defined]
+    with pytest.raises(
+        AttributeError,
+        match=r"^Echo.helper is not an endpoint, so ActorMesh\('echo', Echo, hosts=1, gpus=2\) cannot call it; "
+        r"decorate it with @endpoint$",
+    ):
+        _ = echo.helper  # type: ignore[attr-defined]
+    with pytest.raises(
+        AttributeError,
+        match=r"^ActorMesh\('echo', Echo, hosts=1, gpus=2\) has no endpoint 'nothing'; "
+        r"its endpoints are \['append', ",
+    ):
+        _ = echo.nothing  # type: ignore[attr-defined]
 
 
 def test_unknown_dimension_and_out_of_range(echo: object) -> None:
@@ -509,7 +520,11 @@ def test_explicit_response_port(one_proc: object) -> None:
 def test_future_timeout_does_not_consume(echo: object) -> None:
     """get(timeout) raises TimeoutError and the future can still be waited on."""
     fut = echo.slice(gpus=0).sleep_then.call_one(0.3)  # type: ignore[attr-defined]
-    with pytest.raises(TimeoutError, match=r"^<mpimesh.Future echo.sleep_then.call_one\(\) pending> not done after 0.01 s; "):
+    with pytest.raises(
+        TimeoutError,
+        match=r"^<mpimesh.Future echo.sleep_then.call_one\(\) pending> not done after 0.01 "
+        r"s; ",
+    ):
         fut.get(0.01)
     assert fut.get(10) == 0
     assert fut.result() == 0 and fut.exception() is None
@@ -536,7 +551,11 @@ def test_stop_runs_cleanup_and_refuses_later_calls(procs: object) -> None:
     assert mesh.ping.call().get(10).values() == ["pong", "pong"]
     mesh.stop().get(10)
     assert sorted([receiver.recv().get(10), receiver.recv().get(10)]) == ["cleanup 0 None", "cleanup 1 None"]
-    with pytest.raises(RuntimeError, match=r"^cannot call cleanup.ping\(\) after stop\(\) of ActorMesh\('cleanup', Cleanup, hosts=1, gpus=2\); spawn a new mesh$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^cannot call cleanup.ping\(\) after stop\(\) of ActorMesh\('cleanup', Cleanup, hosts=1, gpus=2\); "
+        r"spawn a new mesh$",
+    ):
         mesh.ping.call()
     assert mesh.stop().get(1) is None  # stopping twice is harmless
 
@@ -553,15 +572,27 @@ def test_init_failure_reaches_initialized_and_later_calls(one_proc: object) -> N
     with pytest.raises(ActorError) as info:
         mesh.initialized.get(10)
     assert isinstance(info.value.exception, ZeroDivisionError)
-    with pytest.raises(SupervisionError, match=r"cannot take ping\(\): it failed \(ZeroDivisionError in __init__: bad init\)"):
+    with pytest.raises(
+        SupervisionError,
+        match=r"cannot take ping\(\): it failed \(ZeroDivisionError in __init__: bad "
+        r"init\)",
+    ):
         mesh.ping.call_one().get(10)
 
 
 def test_spawn_misuse(one_proc: object) -> None:
     """spawn() rejects non-actors, mixed endpoints and unpicklable arguments at the caller."""
-    with pytest.raises(TypeError, match=r"^cannot spawn <class 'int'> on ProcMesh\(hosts=1, gpus=1\): it is not an Actor subclass; "):
+    with pytest.raises(
+        TypeError,
+        match=r"^cannot spawn <class 'int'> on ProcMesh\(hosts=1, "
+        r"gpus=1\): it is not an Actor subclass; ",
+    ):
         one_proc.spawn("x", int)  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match=r"^actor class Mixed mixes def endpoints \['a'\] and async def endpoints \['b'\]; "):
+    with pytest.raises(
+        ValueError,
+        match=r"^actor class Mixed mixes def endpoints \['a'\] and async def endpoints "
+        r"\['b'\]; ",
+    ):
         one_proc.spawn("mixed", Mixed)  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match=r"^cannot pickle the arguments of Echo for actor mesh 'e': "):
         one_proc.spawn("e", Echo, threading.Lock())  # type: ignore[attr-defined]

@@ -16,7 +16,11 @@ def test_defaults_and_overrides() -> None:
 
 def test_bad_values_name_the_variable() -> None:
     """A value that does not parse says which variable and what to write."""
-    with pytest.raises(ValueError, match=r"^MPIMESH_SPIN_US must be a number, got 'fast'; unset it or use e.g. MPIMESH_SPIN_US=2000$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^MPIMESH_SPIN_US must be a number, got 'fast'; "
+        r"unset it or use e.g. MPIMESH_SPIN_US=2000$",
+    ):
         load({"MPIMESH_SPIN_US": "fast"})
     with pytest.raises(ValueError, match=r"^MPIMESH_SHUTDOWN_TIMEOUT must be at least 0.1, got '0'; "):
         load({"MPIMESH_SHUTDOWN_TIMEOUT": "0"})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from mpitest import ROOT, mpiexec_cmd, python_cmd, run
 
 pytestmark = pytest.mark.subprocess

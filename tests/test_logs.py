@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from mpitest import mpiexec_cmd, python_cmd, run
 
 from mpimesh._logs import fold_labels
-from mpitest import mpiexec_cmd, python_cmd, run
 
 SCRIPT = """
 import logging, sys, time

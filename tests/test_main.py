@@ -9,12 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from mpitest import leftovers, mpiexec_cmd, python_cmd, run
 
 pytestmark = pytest.mark.subprocess
@@ -127,8 +125,10 @@ def test_every_rank_running_the_script_is_refused(tmp_path: Path) -> None:
     path = script(tmp_path, "this_host()\n")
     result = run(mpiexec_cmd(2, *python_cmd(path)), timeout=60)
     assert result.returncode != 0
-    assert "RuntimeError: rank 0 of 2 runs the controller script: every rank of this job started it; " \
-           "launch it with `mpirun -n 2 python -m mpimesh job.py`" in result.stderr
+    assert (
+        "RuntimeError: rank 0 of 2 runs the controller script: every rank of this job started it; "
+        "launch it with `mpirun -n 2 python -m mpimesh job.py`"
+    ) in result.stderr
     assert result.orphans == []
 
 

@@ -96,11 +96,19 @@ def test_this_proc_is_the_caller() -> None:
 def test_per_host_validation() -> None:
     """Malformed per_host raises at once with the fix."""
     host = this_host()
-    with pytest.raises(ValueError, match=r"^per_host\['gpus'\] must be a positive int, got 0; e.g. per_host=\{'gpus': 4\}$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^per_host\['gpus'\] must be a positive int, got 0; "
+        r"e.g. per_host=\{'gpus': 4\}$",
+    ):
         host.spawn_procs(per_host={"gpus": 0})
     with pytest.raises(TypeError, match=r"^per_host keys must be dimension names, got 3; "):
         host.spawn_procs(per_host={3: 1})  # type: ignore[dict-item]
-    with pytest.raises(ValueError, match=r"^per_host dimension 'hosts' clashes with a dimension of HostMesh\(hosts=1\); choose another name$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^per_host dimension 'hosts' clashes with a dimension of HostMesh\(hosts=1\); "
+        r"choose another name$",
+    ):
         host.spawn_procs(per_host={"hosts": 2})
     with pytest.raises(NotImplementedError, match=r"^spawn_procs\(proc_bind=...\) is not supported by mpimesh; "):
         host.spawn_procs(per_host={"gpus": 1}, proc_bind=[{"cpus": "0"}])

@@ -42,13 +42,33 @@ def test_pickles_as_its_view() -> None:
 def test_errors_name_the_fix() -> None:
     """Bad coordinates raise KeyError/IndexError with the fix."""
     vm = make()
-    with pytest.raises(KeyError, match=r"ValueMesh\(hosts=2, gpus=3\) has no dimension 'x'; its dimensions are \['hosts', 'gpus'\]"):
+    with pytest.raises(
+        KeyError,
+        match=r"ValueMesh\(hosts=2, gpus=3\) has no dimension 'x'; "
+        r"its dimensions are \['hosts', 'gpus'\]",
+    ):
         vm.item(hosts=0, gpus=0, x=1)
-    with pytest.raises(KeyError, match=r"needs a coordinate for every dimension, missing 'gpus'; e.g. item\(hosts=0, gpus=0\)"):
+    with pytest.raises(
+        KeyError,
+        match=r"needs a coordinate for every dimension, missing 'gpus'; "
+        r"e.g. item\(hosts=0, gpus=0\)",
+    ):
         vm.item(hosts=0)
-    with pytest.raises(IndexError, match=r"^index 3 out of range for dimension 'gpus' of size 3 in ValueMesh\(hosts=2, gpus=3\)$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^index 3 out of range for dimension 'gpus' of size 3 in ValueMesh\(hosts=2, "
+        r"gpus=3\)$",
+    ):
         vm.item(hosts=0, gpus=3)
-    with pytest.raises(IndexError, match=r"^rank 6 out of range for ValueMesh\(hosts=2, gpus=3\) of size 6; use 0 <= rank < 6$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^rank 6 out of range for ValueMesh\(hosts=2, gpus=3\) of size 6; "
+        r"use 0 <= rank < 6$",
+    ):
         vm.get(6)
-    with pytest.raises(ValueError, match=r"^expecting 6 values for mesh of size 6, got 2; pass one value per point in row-major order$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^expecting 6 values for mesh of size 6, got 2; "
+        r"pass one value per point in row-major order$",
+    ):
         ValueMesh(Shape.row_major(("hosts", "gpus"), (2, 3)), [1, 2])
