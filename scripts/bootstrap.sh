@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create a virtual environment with mpimesh (editable) and its test
+# Create a virtual environment with mpimesh (editable) and its test and lint
 # dependencies, from this checkout alone.  Idempotent: it reinstalls only when
 # pyproject.toml or setup.cfg changed.
 #
@@ -37,23 +37,25 @@ fi
 stamp="$VENV/.mpimesh-install"
 want="$(cat pyproject.toml setup.cfg | sha256sum | cut -c1-16)-$MPI"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-  echo "bootstrap: installing mpimesh[$MPI,torch,test] into $VENV"
+  echo "bootstrap: installing mpimesh[$MPI,torch,test,lint] into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test]"
+  "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint]"
   echo "$want" > "$stamp"
 fi
 
 # The native part (mpimesh._native: the frame path's MPI calls, the CUDA-aware
 # query) needs the MPI compiler wrapper the install above has just put in the
 # venv, which pip's isolated build could not see.  The .so is built in place,
-# so venvs sharing this checkout share it: a venv whose MPI differs from the
-# one it was built for falls back to mpi4py's calls (see mpimesh/_wire.py).
-if ! "$VENV/bin/python" -c 'import mpimesh._native as n; n.wire_probe' 2>/dev/null; then
+# so venvs sharing this checkout share it: it is (re)built for the Open MPI
+# venv whenever it does not serve it, and a venv with another MPI falls back
+# to mpi4py's calls (see mpimesh/_wire.py).
+if [ "$MPI" = openmpi ] &&
+   ! "$VENV/bin/python" -c 'from mpimesh import _wire; raise SystemExit(not _wire.bind())' 2>/dev/null; then
   echo "bootstrap: building mpimesh._native with $VENV/bin/mpicc"
   log=$(mktemp)
   if ! MPIMESH_MPICC="$VENV/bin/mpicc" "$VENV/bin/python" setup.py build_ext --inplace >"$log" 2>&1; then
     cat "$log" >&2
   fi
   rm -f "$log"
-  "$VENV/bin/python" -c 'import mpimesh._native as n; n.wire_probe'
+  "$VENV/bin/python" -c 'from mpimesh import _wire; _wire.bind() or exit(f"bootstrap: {_wire.why_not}")'
 fi

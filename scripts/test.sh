@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: set up (first run only), then
+#   0. lint: ruff on everything, mypy --strict on mpimesh/,
 #   1. pure and subprocess tests under plain pytest (examples, entry point, launcher),
 #   2. runtime tests under the real entry point, `mpiexec -n N python -m mpimesh -m pytest`,
 #      for N = 1 (workers spawned), 2 and 4, on the PyPI Open MPI 5 and on MPICH 5,
@@ -32,6 +33,10 @@ mpi_runs() {
       --color=no "$report" tests
   done
 }
+
+echo "== lint: ruff, mypy --strict"
+.venv/bin/ruff check --no-cache .
+.venv/bin/mypy --cache-dir=/dev/null
 
 echo "== pure and subprocess tests"
 next_report

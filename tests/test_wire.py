@@ -250,3 +250,17 @@ def test_call_sites_across_islands(tmp_path: Path) -> None:
     result = run(python_cmd(str(path)), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "RELAYED" in result.stdout
+
+
+def test_mpich_keeps_mpi4py_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built for MPICH the native path binds, but is not used there yet (see _wire._try_bind)."""
+    native_part = pytest.importorskip("mpimesh._native")
+    monkeypatch.setattr(_wire, "probe", None)
+    monkeypatch.setattr(_wire, "isend", None)
+    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="auto"))
+    monkeypatch.setattr(native_part, "built_with", lambda: "MPICH 5.0.2")
+    monkeypatch.setattr(_wire, "library", lambda: "MPICH Version:      5.0.2")
+    assert not _wire.bind()
+    assert _wire.why_not == (
+        "the native frame path is used with Open MPI only so far ('MPICH Version:      5.0.2' is loaded)"
+    )
