@@ -46,9 +46,15 @@ static MPI_Datatype byte_type;
 static PyObject *exc_type; /* mpi4py's MPI.Exception: exc_type(error_code) */
 static int bound;
 
-/* mpi4py's handles are ints: a pointer (Open MPI) or an int (MPICH). */
+/* mpi4py's handles are unsigned Python ints: a pointer (Open MPI), or an int
+ * sign-extended to 64 bits (MPICH: 0xac000000 is 0xffffffffac000000). */
 #define FROM_HANDLE(type, value) ((type)(intptr_t)(value))
-#define TO_HANDLE(value) PyLong_FromSsize_t((Py_ssize_t)(intptr_t)(value))
+#define TO_HANDLE(value) PyLong_FromSize_t((size_t)(intptr_t)(value))
+
+static int as_handle(PyObject *obj, size_t *out) {
+    *out = PyLong_AsSize_t(obj);
+    return !(*out == (size_t)-1 && PyErr_Occurred());
+}
 #define MAX_LINKS 64
 
 static long long now_ns(void) {
@@ -68,11 +74,12 @@ static PyObject *mpi_error(int code) {
 
 PyObject *mpimesh_wire_bind(PyObject *self, PyObject *args) {
     const char *path;
-    Py_ssize_t byte_handle;
-    PyObject *exc;
+    PyObject *byte_obj, *exc;
+    size_t byte_handle;
     void *lib;
     (void)self;
-    if (!PyArg_ParseTuple(args, "snO:wire_bind", &path, &byte_handle, &exc)) return NULL;
+    if (!PyArg_ParseTuple(args, "sOO:wire_bind", &path, &byte_obj, &exc)) return NULL;
+    if (!as_handle(byte_obj, &byte_handle)) return NULL;
 #ifdef RTLD_NOLOAD
     lib = dlopen(path, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
 #else
@@ -128,8 +135,8 @@ PyObject *mpimesh_wire_probe(PyObject *self, PyObject *args) {
         return NULL;
     }
     for (i = 0; i < n; i++) {
-        Py_ssize_t h = PyLong_AsSsize_t(PyTuple_GET_ITEM(handles, i));
-        if (h == -1 && PyErr_Occurred()) return NULL;
+        size_t h;
+        if (!as_handle(PyTuple_GET_ITEM(handles, i), &h)) return NULL;
         comms[i] = FROM_HANDLE(MPI_Comm, h);
     }
     /* Two rounds with the GIL held: Open MPI often matches a message only at
@@ -172,13 +179,18 @@ PyObject *mpimesh_wire_probe(PyObject *self, PyObject *args) {
 
 /* wire_isend(handle, data, dest, tag) -> None (sent) | request handle (keep `data` alive until it completes) */
 PyObject *mpimesh_wire_isend(PyObject *self, PyObject *args) {
-    Py_ssize_t handle;
+    PyObject *handle_obj;
+    size_t handle;
     Py_buffer buf;
     int dest, tag, flag = 0, err;
     MPI_Request req;
     (void)self;
     CHECK_BOUND();
-    if (!PyArg_ParseTuple(args, "ny*ii:wire_isend", &handle, &buf, &dest, &tag)) return NULL;
+    if (!PyArg_ParseTuple(args, "Oy*ii:wire_isend", &handle_obj, &buf, &dest, &tag)) return NULL;
+    if (!as_handle(handle_obj, &handle)) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
     if (buf.len > INT32_MAX) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_OverflowError, "wire_isend: a frame over 2 GiB");

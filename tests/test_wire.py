@@ -16,7 +16,7 @@ import pytest
 from mpitest import mpiexec_cmd, python_cmd, run
 
 from mpimesh import _wire
-from mpimesh._mpi import MPI
+from mpimesh._mpi import MPI, library
 from mpimesh.config import load, settings
 
 TAG = 77
@@ -44,12 +44,16 @@ def test_the_default_install_uses_the_native_path(native: None) -> None:
 def test_send_and_probe_a_frame(native: None, comm: MPI.Intracomm) -> None:
     assert _wire.isend is not None and _wire.probe is not None
     assert _wire.probe((comm.handle,), TAG, 0) is None
-    assert _wire.isend(comm.handle, b"first", 0, TAG) is None  # small: complete at once
-    assert _wire.isend(comm.handle, bytearray(b"second"), 0, TAG) is None
+    first, second = b"first", bytearray(b"second")
+    # None: complete at once (Open MPI); else a request to complete later (MPICH, to itself)
+    requests = [_wire.isend(comm.handle, first, 0, TAG), _wire.isend(comm.handle, second, 0, TAG)]
     assert _wire.probe((comm.handle,), TAG + 1, -1) is None  # another tag is not seen
     assert _wire.probe((comm.handle,), TAG, 0) == (0, 0, b"first")
     assert _wire.probe((comm.handle,), TAG, -1) == (0, 0, b"second")
     assert _wire.probe((comm.handle,), TAG, 0) is None
+    for handle in requests:
+        if handle is not None:
+            MPI.Request.fromhandle(handle).Wait()
 
 
 def test_probe_finds_the_link_with_a_message(native: None, comm: MPI.Intracomm) -> None:
@@ -158,6 +162,16 @@ print("PATH", "native" if native else "mpi4py")
 """
 
 
+def _auto_binds() -> bool:
+    # What MPIMESH_WIRE=auto does here: native on Open MPI with a matching build.
+    try:
+        from mpimesh import _native
+    except ImportError:
+        return False
+    loaded = library()
+    return loaded.startswith("Open MPI") and _wire._version(_native.built_with()) == _wire._version(loaded)
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize("wire", ["auto", "mpi4py"])
 def test_calls_travel_both_paths(tmp_path: Path, wire: str) -> None:
@@ -166,7 +180,7 @@ def test_calls_travel_both_paths(tmp_path: Path, wire: str) -> None:
     env = dict(os.environ, MPIMESH_WIRE=wire)
     result = run(mpiexec_cmd(3, *python_cmd("-m", "mpimesh", str(path))), timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    want = "mpi4py" if wire == "mpi4py" or os.environ.get("MPIMESH_WIRE") == "mpi4py" else "native"
+    want = "native" if wire == "auto" and _auto_binds() else "mpi4py"
     assert f"PATH {want}" in result.stdout
 
 
@@ -253,7 +267,7 @@ def test_call_sites_across_islands(tmp_path: Path) -> None:
 
 
 def test_mpich_keeps_mpi4py_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Built for MPICH the native path binds, but is not used there yet (see _wire._try_bind)."""
+    """Built for MPICH the native path is used only when asked for (see _wire._try_bind)."""
     native_part = pytest.importorskip("mpimesh._native")
     monkeypatch.setattr(_wire, "probe", None)
     monkeypatch.setattr(_wire, "isend", None)
@@ -262,5 +276,7 @@ def test_mpich_keeps_mpi4py_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_wire, "library", lambda: "MPICH Version:      5.0.2")
     assert not _wire.bind()
     assert _wire.why_not == (
-        "the native frame path is used with Open MPI only so far ('MPICH Version:      5.0.2' is loaded)"
+        "the native frame path is used with Open MPI unless MPIMESH_WIRE=native ('MPICH Version:      5.0.2' is loaded)"
     )
+    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="native"))
+    assert _wire.bind() and _wire.why_not == ""  # asked for: binds (to the library really loaded)
