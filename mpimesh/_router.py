@@ -471,14 +471,7 @@ class Router:
                     src = status.Get_source()
                     # mpi4py receives and unpickles in one call (0.4 us
                     # faster than Recv into a bytearray, then loads).
-                    frame = msg.recv()
-                    if frame[1]:
-                        got.append((link.source(src), frame, self._recv_buffers(comm, src, frame[1])))
-                    elif frame[0] == _KIND_BATCH:
-                        source = link.source(src)
-                        got.extend([(source, pickle.loads(data), _NO_BUFFERS) for data in frame[2]])
-                    else:
-                        got.append((link.source(src), frame, _NO_BUFFERS))
+                    self._take(got, link.source(src), comm, src, msg.recv())
         if settle:
             for fn in settle:
                 fn()
@@ -558,14 +551,7 @@ class Router:
                         links = links[:index] + links[index + 1 :]
                         hit = probe(handles, TAG_FRAME, 0)
                         continue
-                    frame = pickle.loads(data)
-                    source = link.fixed or (link.island, src)
-                    if frame[1]:
-                        got.append((source, frame, self._recv_buffers(link.comm, src, frame[1])))
-                    elif frame[0] == _KIND_BATCH:
-                        got.extend([(source, pickle.loads(data), _NO_BUFFERS) for data in frame[2]])
-                    else:
-                        got.append((source, frame, _NO_BUFFERS))
+                    self._take(got, link.fixed or (link.island, src), link.comm, src, pickle.loads(data))
                     if spin or len(got) >= _BATCH:
                         break
                     hit = probe(handles, TAG_FRAME, -1)  # one more look on each link
@@ -581,6 +567,17 @@ class Router:
         except Exception:
             self._report()
             return 0
+
+    def _take(self, got: list[tuple[Addr, Frame, list[Any]]], source: Addr, comm: MPI.Comm, src: int,
+              frame: Frame) -> None:
+        # One received frame into got: its raw buffers follow it on TAG_DATA;
+        # a BATCH holds several frames.
+        if frame[1]:
+            got.append((source, frame, self._recv_buffers(comm, src, frame[1])))
+        elif frame[0] == _KIND_BATCH:
+            got.extend([(source, pickle.loads(data), _NO_BUFFERS) for data in frame[2]])
+        else:
+            got.append((source, frame, _NO_BUFFERS))
 
     @staticmethod
     def _recv_buffers(comm: MPI.Comm, src: int, sizes: tuple[Any, ...]) -> list[Any]:

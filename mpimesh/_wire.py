@@ -18,14 +18,14 @@ runtime tests: B1 11 µs against 16) and makes a mismatch an error;
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
+from ._discover import parse_library_version
 from ._mpi import MPI, library, loaded_libmpi
 from .config import settings
 
-__all__ = ["bind", "probe", "isend", "why_not"]
+__all__ = ["bind", "probe", "isend", "same_mpi", "why_not"]
 
 #: ``probe(handles, tag, spin_ns)`` -> None | (index, source, bytes) | (index, -1, error code)
 probe: Callable[[tuple[int, ...], int, int], tuple[int, int, Any] | None] | None = None
@@ -34,14 +34,24 @@ isend: Callable[[int, Any, int, int], int | None] | None = None
 #: why the native calls are not used (empty when they are)
 why_not = "not bound yet"
 
+# The vendors as native/compat.h names them -> as _discover does.
+_BUILT_VENDORS = {"Open MPI": "openmpi", "MPICH": "mpich", "Intel MPI": "intel"}
 
-def _version(text: str) -> tuple[str, int] | None:
-    # "Open MPI 5.0.11" / "Open MPI v5.0.11, package: ..." / "MPICH 4.2.0" / "MPICH Version: 4.2.0"
-    m = re.match(r"\s*(Open MPI|MPICH|Intel\(R\) MPI|Intel MPI)\D*(\d+)", text)
-    if m is None:
-        return None
-    vendor = "Intel MPI" if m.group(1).startswith("Intel") else m.group(1)
-    return vendor, int(m.group(2))
+
+def same_mpi(built: str, loaded: str) -> bool:
+    """Whether the native part's headers fit the loaded library: same vendor and major version.
+
+    Args:
+        built: ``_native.built_with()``, e.g. ``"Open MPI 5.0.11"``.
+        loaded: the library's version string, e.g. ``"Open MPI v5.0.3, package: ..."``.
+    """
+    vendor, _, release = built.rpartition(" ")
+    have, version = parse_library_version(loaded)
+    return (
+        version is not None
+        and _BUILT_VENDORS.get(vendor) == have
+        and release.split(".")[0] == version.split(".")[0]
+    )
 
 
 def bind() -> bool:
@@ -70,10 +80,9 @@ def _try_bind() -> str:
     if not hasattr(_native, "wire_bind"):
         return "mpimesh._native is out of date; reinstall mpimesh"
     built, loaded = _native.built_with(), library()
-    version = _version(loaded)
-    if version is None or _version(built) != version:
+    if not same_mpi(built, loaded):
         return f"mpimesh._native was built with {built}, but {loaded!r} is loaded"
-    if version[0] != "Open MPI" and settings.wire == "auto":
+    if parse_library_version(loaded)[0] != "openmpi" and settings.wire == "auto":
         # Built for MPICH it passes the runtime tests, but CI runs MPICH with
         # the checkout's Open MPI build: ask for it with MPIMESH_WIRE=native.
         return (f"the native frame path is used with Open MPI unless MPIMESH_WIRE=native "
