@@ -93,17 +93,8 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
 
     def set_result(self, result: Any) -> None:
         """Settle with a value (the runtime calls this, users do not)."""
-        # _settle_unwatched, inlined: this is half of every reply's cost.
-        made = self.__dict__
-        if "_condition" not in made:
-            with _lazy_lock:
-                if "_condition" not in made:
-                    if self._state in _SETTLED:
-                        raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
-                    self._result = result
-                    self._state = _FINISHED
-                    return
-        super().set_result(result)
+        if not self._settle_unwatched(result, None):
+            super().set_result(result)
 
     def set_exception(self, exception: BaseException | None) -> None:
         """Settle with an exception (the runtime calls this, users do not)."""
@@ -131,12 +122,9 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         else:
             ok = driver(self.done, self._cond, timeout)
         if not ok:
-            raise self._timed_out(timeout)
-
-    def _timed_out(self, timeout: float | None) -> TimeoutError:
-        return TimeoutError(
-            f"{self!r} not done after {timeout:g} s; call get() again to keep waiting, or raise the timeout"
-        )
+            raise TimeoutError(
+                f"{self!r} not done after {timeout:g} s; call get() again to keep waiting, or raise the timeout"
+            )
 
     def _wait_showing(self, driver: Callable[..., bool], timeout: float | None, every: float) -> bool:
         # MPIMESH_SHOW_WAITS: say on stderr what a long wait is waiting for.
@@ -165,13 +153,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
             SupervisionError: the remote process or actor failed.
         """
         if self._state != _FINISHED:
-            driver = _driver
-            if driver is not None and settings.show_waits <= 0 and self._state not in _SETTLED:
-                # _wait(), inlined for the round trip's sake
-                if not driver(self.done, self._cond, timeout):
-                    raise self._timed_out(timeout)
-            else:
-                self._wait(timeout)
+            self._wait(timeout)
         if self._state == _FINISHED and self._exception is None:
             # Without the stdlib's result(): it takes the condition, which
             # would make it (1.5 us) for a future nobody ever slept on.
