@@ -39,9 +39,7 @@ Port = tuple[Addr, int]
 
 # Results of these types are answered at once, without asking inspect.
 _NOT_AWAITABLE = frozenset((int, float, str, bool, type(None), bytes, tuple, list, dict))
-# Results of these types ride in the reply frame (see Runtime.reply).
-_SCALARS = frozenset((int, float, str, bool, type(None), complex))
-_REPLY, _VALUE, _CALL = Kind.REPLY, Status.VALUE, Kind.CALL
+_CALL = Kind.CALL
 # The keyword arguments of every SITE_CALL (only unpacked, never changed).
 _NO_KWARGS: dict[str, Any] = {}
 
@@ -243,14 +241,7 @@ class _Cell:
             self._failed_call(exc, port, index, method)
         else:
             if port is not None:
-                if type(result) in _SCALARS and port[0] not in self.runtime.dead:
-                    # runtime.reply's plain case, inlined (the round trip's hot path)
-                    try:
-                        self.runtime.router.send(port[0], (_REPLY, None, port[1], index, _VALUE, result))
-                    except ConnectionError:
-                        pass  # the caller has died: nobody is left to read it
-                else:
-                    self._answer(port, index, result, method)
+                self._answer(port, index, result, method)
         finally:
             if token is not None:
                 _current.reset(token)
