@@ -268,16 +268,11 @@ class PortTable:
         """Forget a port (late replies to it are dropped)."""
         self._open.pop(pid, None)
 
-    def deliver(self, pid: int, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> None:
-        """Hand a REPLY to its receiver."""
-        receiver = self._open.get(pid)
-        if receiver is None:
-            return  # port closed: a late reply after a failure or a drop
-        if receiver.deliver(index, status, body, buffers, src):
-            self._open.pop(pid, None)
-
     def on_reply(self, src: Addr, frame: tuple[Any, ...], buffers: list[Any]) -> None:
-        """The REPLY frame handler: ``(REPLY, sizes, port id, index, status, body)``."""
+        """The REPLY frame handler: ``(REPLY, sizes, port id, index, status, body)``.
+
+        A reply to a closed port (a late one, after a failure) is dropped.
+        """
         pid = frame[2]
         receiver = self._open.get(pid)
         if receiver is not None and receiver.deliver(frame[3], frame[4], frame[5], buffers, src):

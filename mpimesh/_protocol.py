@@ -79,7 +79,8 @@ class Kind:
 #: kind -> its name, for messages.
 NAMES: dict[int, str] = {v: k for k, v in vars(Kind).items() if type(v) is int}
 
-#: kind -> handler method name on the runtime.
+#: kind -> handler method name on the runtime (CALL, SITE_CALL and REPLY go
+#: straight to the actor host and the port table instead, see Runtime).
 HANDLERS: dict[int, str] = {kind: "_on_" + name.lower() for kind, name in NAMES.items()}
 
 

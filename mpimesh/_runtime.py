@@ -119,11 +119,13 @@ class Runtime:
         self._site_ids = itertools.count(1)
         #: (actor's address, mesh key, method, message point) -> registered call site (SITE_CALL)
         self.sites: dict[tuple[Any, ...], int] = {}
-        self._handlers.update({kind: getattr(self, name) for kind, name in HANDLERS.items()})
-        # The two kinds of every call go straight to their owners.
-        self._handlers[Kind.CALL] = self.actors.on_call
-        self._handlers[Kind.SITE_CALL] = self.actors.on_site_call
-        self._handlers[Kind.REPLY] = self.ports.on_reply
+        # The kinds of every call go straight to their owners; the rest to _on_<kind>.
+        owners: dict[int, Callable[[Addr, Frame, list[Any]], None]] = {
+            Kind.CALL: self.actors.on_call,
+            Kind.SITE_CALL: self.actors.on_site_call,
+            Kind.REPLY: self.ports.on_reply,
+        }
+        self._handlers.update({kind: owners.get(kind) or getattr(self, name) for kind, name in HANDLERS.items()})
 
     # -- services for the rest of the package --------------------------------
 
@@ -312,18 +314,8 @@ class Runtime:
 
     # -- dispatch ----------------------------------------------------------
 
-    def _on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        self.actors.on_call(src, frame, buffers)
-
-    def _on_site_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        self.actors.on_site_call(src, frame, buffers)
-
     def _on_spawn(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.actors.on_spawn(src, frame, buffers)
-
-    def _on_reply(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        _, _, pid, index, status, body = frame
-        self.ports.deliver(pid, index, status, body, buffers, src)
 
     def _on_stop(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         self.actors.on_stop(src, frame, buffers)
