@@ -42,11 +42,30 @@ _NOT_AWAITABLE = frozenset((int, float, str, bool, type(None), bytes, tuple, lis
 _CALL = Kind.CALL
 # The keyword arguments of every SITE_CALL (only unpacked, never changed).
 _NO_KWARGS: dict[str, Any] = {}
+_NO_BUFFERS: list[Any] = []
 
 
 def _point(raw: tuple[int, tuple[str, ...], tuple[int, ...]]) -> Point:
     rank, labels, sizes = raw
     return Point(rank, Extent(labels, sizes))
+
+
+class _Site:
+    """A registered call site (see ``Kind.SITE_CALL``): actor, method, caller and point.
+
+    The actor's thread fills in, on first use, what every call through the
+    site needs: the bound endpoint and the context.
+    """
+
+    __slots__ = ("key", "method", "caller", "point", "fn", "ctx")
+
+    def __init__(self, key: Key, method: str, caller: Addr, point: tuple[Any, ...]) -> None:
+        self.key = key
+        self.method = method
+        self.caller = caller
+        self.point = point
+        self.fn: Callable[..., Any] | None = None
+        self.ctx: Context | None = None
 
 
 class _Cell:
@@ -128,7 +147,10 @@ class _Cell:
                     if not mailbox:
                         wait(has_mail, self.cond)
                     item = mailbox.popleft()
-                    if item[0] == "call":
+                    kind = item[0]
+                    if kind == "site":
+                        self._call_site(item)
+                    elif kind == "call":
                         self._call(item, None)
                     elif not self._step(item, None):
                         break
@@ -245,6 +267,44 @@ class _Cell:
         finally:
             if token is not None:
                 _current.reset(token)
+
+    def _call_site(self, item: tuple[Any, ...]) -> None:
+        # A SITE_CALL to a sync actor: _call without the frame (the common case of call_one).
+        _, site, pid, args = item
+        fn = site.fn
+        if fn is None or self.state != "running":
+            if self.state == "running":
+                fn, explicit_port = self._bound.get(site.method) or self._bind_quietly(site.method)
+                if not explicit_port:
+                    site.fn = fn
+                    site.ctx = self._contexts.get(site.point) or Context(self.identity, _point(site.point))
+            if site.fn is None or self.state != "running":
+                # Not running, no such endpoint, or one that answers through
+                # its own port: the general path says or does what is right.
+                frame = (_CALL, None, site.key, site.method, (args, _NO_KWARGS), (site.caller, pid), site.point)
+                self._call(("call", frame, _NO_BUFFERS, site.caller), None)
+                return
+            fn = site.fn
+        port = (site.caller, pid)
+        index = site.point[0]
+        token = _current.set(site.ctx)
+        try:
+            result = fn(*args)
+            if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
+                raise TypeError(f"endpoint {site.method} returned an awaitable in a sync actor; declare it async def")
+        except BaseException as exc:
+            self._failed_call(exc, port, index, site.method)
+        else:
+            self._answer(port, index, result, site.method)
+        finally:
+            _current.reset(token)
+
+    def _bind_quietly(self, method: str) -> tuple[Callable[..., Any] | None, bool]:
+        # _bind, but a missing endpoint gives (None, False): _call reports it.
+        try:
+            return self._bind(method)
+        except AttributeError:
+            return None, False
 
     def _bind(self, method: str) -> tuple[Callable[..., Any], bool]:
         # The bound endpoint and whether it answers through an explicit port, once per method.
@@ -399,7 +459,7 @@ class ActorHost:
         self.parked: dict[Key, list[tuple[Any, ...]]] = {}
         self.tombstones: dict[Key, str] = {}
         # call site -> (actor key, method, caller's address, message point), see Kind.SITE_CALL
-        self.sites: dict[int, tuple[Key, str, Addr, tuple[Any, ...]]] = {}
+        self.sites: dict[int, _Site] = {}
         # Every actor thread ever started: the process must not finalize MPI
         # while one of them is still on its way out (MPICH keeps per-thread
         # state and hangs in MPI_Finalize otherwise).
@@ -424,7 +484,7 @@ class ActorHost:
     def on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         if len(frame) > 7:
             # (actor, method, caller, point) of later SITE_CALLs from the caller
-            self.sites[frame[7]] = (frame[2], frame[3], frame[5][0], frame[6])
+            self.sites[frame[7]] = _Site(frame[2], frame[3], frame[5][0], frame[6])
         key = frame[2]
         cell = self.cells.get(key)
         if cell is not None:
@@ -445,13 +505,18 @@ class ActorHost:
             self.runtime.reply(port, mpoint[0], Status.FAILED, f"actor {frame[3]}() target is gone: {reason}")
 
     def on_site_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        _, _, site, pid, args = frame
-        entry = self.sites.get(site)
-        if entry is None:
+        _, _, number, pid, args = frame
+        site = self.sites.get(number)
+        if site is None:
             # Cannot happen: the registering CALL travelled the same path first.
-            raise MeshInternalError(f"SITE_CALL from {src} names call site {site}, which was never registered here")
-        key, method, caller, point = entry
-        self.on_call(src, (_CALL, None, key, method, (args, _NO_KWARGS), (caller, pid), point), buffers)
+            raise MeshInternalError(f"SITE_CALL from {src} names call site {number}, which was never registered here")
+        cell = self.cells.get(site.key)
+        if cell is not None and cell.loop is None:
+            cell.put(("site", site, pid, args))
+            return
+        # an async actor, or one not there (yet, or any more)
+        frame = (_CALL, None, site.key, site.method, (args, _NO_KWARGS), (site.caller, pid), site.point)
+        self.on_call(src, frame, buffers)
 
     def on_stop(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         _, _, key, port, index, reason = frame

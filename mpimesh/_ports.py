@@ -28,6 +28,8 @@ __all__ = ["PortTable", "Receiver", "OneReply", "Gather", "Stream", "Queue", "de
 Addr = tuple[int, int]
 
 _VALUE = Status.VALUE
+# concurrent.futures' name of the state of a future nobody settled or cancelled
+_PENDING = "PENDING"
 
 
 def decode(status: int, body: Any, buffers: list[Any], what: str) -> Any:
@@ -50,7 +52,7 @@ def decode(status: int, body: Any, buffers: list[Any], what: str) -> Any:
 class Receiver:
     """Something waiting for replies on a port."""
 
-    __slots__ = ("what", "pending")
+    __slots__ = ()
 
     what: str
     #: processes that still owe a reply (for failure propagation); each
@@ -87,15 +89,18 @@ def _settle(fut: Future[Any], fn: Callable[[], Any]) -> None:
         fut.set_result(value)
 
 
-class OneReply(Receiver):
-    """Exactly one reply settles one future."""
+class OneReply(Future[Any], Receiver):
+    """A future that exactly one reply settles: its own receiver.
 
-    __slots__ = ("future", "shape", "rank")
+    Args:
+        name: the future's name in its repr (``"mesh.method.call_one()"``).
+        what: the endpoint or request, for error messages.
+        source: the process that will answer.
+        shape, rank: the mesh and rank called, to say where a failure happened.
+    """
 
-    def __init__(
-        self, future: Future[Any], what: str, source: Addr, shape: Shape | None = None, rank: int = 0
-    ) -> None:
-        self.future = future
+    def __init__(self, name: str, what: str, source: Addr, shape: Shape | None = None, rank: int = 0) -> None:
+        self._what = name  # Future's own name (see Future.__init__)
         self.what = what
         # never changes: the port closes at the one reply or failure
         self.pending = (source,)
@@ -103,18 +108,17 @@ class OneReply(Receiver):
         self.rank = rank
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
-        fut = self.future
         if status == _VALUE:
-            if not fut.done():
-                fut.set_result(body)
+            if self._state == _PENDING:
+                self.set_result(body)
             return True
-        _settle(fut, lambda: decode(status, body, buffers, self.what))
+        _settle(self, lambda: decode(status, body, buffers, self.what))
         return True
 
     def fail(self, addr: Addr, report: str) -> bool:
-        if not self.future.done():
+        if not self.done():
             where = _describe(self.shape, self.rank) if self.shape is not None else ""
-            self.future.set_exception(self.error(report, where))
+            self.set_exception(self.error(report, where))
         return True
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from . import _current, _serialize
 from ._ports import Gather, OneReply, Receiver, Stream
@@ -49,6 +49,12 @@ class Endpoint(Generic[R]):
         self._single = len(mesh) == 1
         self._checks = info.check is not None
         self._what_one = f"{self._what}.call_one()"
+        # Once call_one has registered a call site (Kind.SITE_CALL): the site,
+        # the actor's address, and the numbers of positional arguments the
+        # signature check has accepted (all of them if there is no check).
+        self._site: int | None = None
+        self._addr: Addr = (0, 0)
+        self._arities: set[int] | None = set() if self._checks else None
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._mesh._name}.{self._info.name} of {self._mesh!r}>"
@@ -100,6 +106,16 @@ class Endpoint(Generic[R]):
         Raises:
             ValueError: the mesh does not hold exactly one actor.
         """
+        site = self._site
+        if (
+            site is not None
+            and not kwargs
+            and (self._arities is None or len(args) in self._arities)
+            and _plain_tuple(args)
+        ):
+            # This is the round trip B1 measures: a registered site, plain
+            # arguments the signature has accepted before.
+            return self._call_site(site, args)
         mesh = self._mesh
         if not self._single:
             dim = mesh._shape.labels[0] if mesh._shape.labels else "dim"
@@ -107,11 +123,38 @@ class Endpoint(Generic[R]):
                 f"call_one() needs a mesh of exactly 1 actor, got {len(mesh)} in {mesh!r}; "
                 f"slice it to one actor first, e.g. {mesh._name}.slice({dim}=0), or use call()"
             )
-        # _one(), inlined: this is the round trip B1 measures
-        fut: Future[R] = Future(self._what_one)
         if self._checks:
             self._check(args, kwargs)
-        mesh._cast_one(self._info.name, self._what, args, kwargs, 0, fut)
+            if not kwargs:
+                self._arities.add(len(args))  # type: ignore[union-attr]
+        name = self._info.name
+        fut = mesh._cast_one(name, self._what_one, self._what, args, kwargs, 0)
+        site = mesh._sites.get(name)
+        if site is not None and _current.runtime is not None:
+            self._site = site
+            self._addr = mesh._targets[0]  # type: ignore[index]
+        return fut
+
+    def _call_site(self, site: int, args: tuple[Any, ...]) -> Future[R]:
+        # call_one through the call site registered by an earlier call_one.
+        mesh = self._mesh
+        if mesh._stopped:
+            mesh._refuse(self._info.name)
+        rt = _current.runtime
+        assert rt is not None, "a call site outlived its runtime"
+        addr = self._addr
+        fut = OneReply(self._what_one, self._what, addr, mesh._shape, 0)
+        dead = rt.dead
+        if dead and addr in dead:
+            fut.fail(addr, dead[addr])
+            return fut
+        ports = rt.ports
+        pid = ports.open(fut)
+        try:
+            rt.router.send(addr, (_SITE_CALL, None, site, pid, args))
+        except ConnectionError as exc:
+            fut.fail(addr, str(exc))
+            ports.close(pid)
         return fut
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
@@ -119,12 +162,10 @@ class Endpoint(Generic[R]):
         return self._one(random.randrange(len(self._mesh)), "choose", args, kwargs)
 
     def _one(self, rank: int, adverb: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[R]:
-        # The hot path of call_one/choose: one target, one reply.
+        # One target, one reply.
         what = self._what
-        fut: Future[R] = Future(f"{what}.{adverb}()")
         self._check(args, kwargs)
-        self._mesh._cast_one(self._info.name, what, args, kwargs, rank, fut)
-        return fut
+        return self._mesh._cast_one(self._info.name, f"{what}.{adverb}()", what, args, kwargs, rank)
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Call every actor; yield one future per reply, in arrival order."""
@@ -270,12 +311,15 @@ class ActorMesh(MeshTrait, Generic[T]):
                 "pass data that pickles (not locks, sockets or open files)"
             ) from exc
 
+    def _refuse(self, method: str) -> NoReturn:
+        raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
+
     def _cast_one(
-        self, method: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank: int, fut: Future[Any]
-    ) -> None:
-        """Send one call to ``rank`` whose reply settles ``fut`` (call_one, choose)."""
+        self, method: str, name: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank: int
+    ) -> OneReply:
+        """Send one call to ``rank``; returns the future its reply settles (call_one, choose)."""
         if self._stopped:
-            raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
+            self._refuse(method)
         rt = _current.runtime or _current.current()
         targets = self._targets or self._resolve()
         addr = targets[rank]
@@ -294,13 +338,13 @@ class ActorMesh(MeshTrait, Generic[T]):
             buffers = _NO_BUFFERS
         else:
             payload, buffers = self._payload(method, args, kwargs)
-        waiting = OneReply(fut, what, addr, self._shape, rank)
+        fut = OneReply(name, what, addr, self._shape, rank)
         dead = rt.dead
         if dead and addr in dead:
-            waiting.fail(addr, dead[addr])
-            return
+            fut.fail(addr, dead[addr])
+            return fut
         ports = rt.ports
-        pid = ports.open(waiting)
+        pid = ports.open(fut)
         register = 0
         if plain and site is not None:
             frame: tuple[Any, ...] = (_SITE_CALL, None, site, pid, payload)
@@ -313,13 +357,14 @@ class ActorMesh(MeshTrait, Generic[T]):
         try:
             rt.router.send(addr, frame, buffers)
         except ConnectionError as exc:
-            waiting.fail(addr, str(exc))
+            fut.fail(addr, str(exc))
             ports.close(pid)
-            return
+            return fut
         if register:
             # Sent: the site's CALL is ahead of any later call on this path.
             rt.sites[addr, self._key, method, self._points[rank]] = register
             self._sites[here] = register
+        return fut
 
     def _cast(
         self,
@@ -330,7 +375,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         receiver: Callable[[list[Addr]], Receiver] | None,
     ) -> None:
         if self._stopped:
-            raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
+            self._refuse(method)
         rt = _current.current()
         targets = self._targets or self._resolve()
         addrs = [targets[r] for r in ranks]

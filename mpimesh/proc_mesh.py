@@ -157,8 +157,8 @@ class ProcMesh(MeshTrait):
         addrs = [self._addrs[i] for i in self._shape.ranks()]
         if rt.controller is not None:
             return rt.controller.release_async(addrs, reason)
-        fut: Future[None] = Future("ProcMesh.stop()")
-        port = (rt.addr, rt.ports.open(OneReply(fut, "ProcMesh.stop", CONTROLLER)))
+        fut = OneReply("ProcMesh.stop()", "ProcMesh.stop", CONTROLLER)
+        port = (rt.addr, rt.ports.open(fut))
         rt.send(CONTROLLER, (Kind.PROCS, None, "release", (addrs, reason), port))
         return fut
 
@@ -264,8 +264,8 @@ class HostMesh(MeshTrait):
         if rt.controller is not None:
             placed = [(p.addr, p.host) for p in rt.controller.allocate(n)]
         else:
-            fut: Future[list[tuple[Addr, str]]] = Future("spawn_procs")
-            port = (rt.addr, rt.ports.open(OneReply(fut, "spawn_procs", CONTROLLER)))
+            fut = OneReply("spawn_procs", "spawn_procs", CONTROLLER)
+            port = (rt.addr, rt.ports.open(fut))
             rt.send(CONTROLLER, (Kind.PROCS, None, "alloc", n, port))
             placed = fut.get()
         shape = Shape.row_major(self._shape.labels + tuple(dims), self._shape.sizes + tuple(dims.values()))

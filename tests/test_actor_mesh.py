@@ -283,7 +283,7 @@ class Sites(Actor):
         from mpimesh import _current
 
         # sites naming this endpoint (the worker also hosts other tests' actors)
-        return sum(method == "count" for _, method, _, _ in _current.current().actors.sites.values())
+        return sum(site.method == "count" for site in _current.current().actors.sites.values())
 
 
 def test_a_call_site_is_registered_once_per_caller(procs: object) -> None:
@@ -296,6 +296,90 @@ def test_a_call_site_is_registered_once_per_caller(procs: object) -> None:
         assert counts == [1, 1, 1]  # count() at rank 0, from this controller: one site
     finally:
         mesh.stop().get(30)
+
+
+class _Awaitable:
+    def __await__(self) -> object:
+        yield None
+
+
+class SitePaths(Actor):
+    """Endpoints called again and again through one endpoint object (the call-site fast paths)."""
+
+    @endpoint
+    def add(self, a: int, b: int = 0) -> int:
+        return a + b
+
+    @endpoint
+    def where(self) -> tuple[dict[str, int], str]:
+        return dict(current_rank()), context().actor_instance.name
+
+    @endpoint
+    def fail(self, i: int) -> None:
+        raise ValueError(f"boom {i}")
+
+    @endpoint
+    def awaitable(self) -> object:
+        return _Awaitable()
+
+    @endpoint
+    def lock(self) -> object:
+        return threading.Lock()
+
+
+def test_calls_through_a_registered_site_behave_like_the_first(procs: object) -> None:
+    """Later call_one()s on one endpoint object (SITE_CALL, fast on both ends) keep every behaviour of the first."""
+    mesh = procs.spawn("sitepaths", SitePaths)  # type: ignore[attr-defined]
+    one = mesh.slice(gpus=1)
+    add, where, fail = one.add, one.where, one.fail
+    try:
+        assert [add.call_one(i).get(10) for i in range(3)] == [0, 1, 2]
+        assert add._site is not None  # the later calls took the site's fast path
+        assert add.call_one(1, 2).get(10) == 3  # another arity: checked, then through the site
+        assert add.call_one(1, b=5).get(10) == 6  # keywords: a full frame
+        with pytest.raises(TypeError, match=r"^sitepaths.add\(\): missing a required argument: 'a'; "):
+            add.call_one()
+        with pytest.raises(TypeError, match=r"^sitepaths.add\(\): too many positional arguments; "):
+            add.call_one(1, 2, 3)
+        assert [where.call_one().get(10) for _ in range(3)] == [({"hosts": 0}, "sitepaths")] * 3
+        for i in range(3):
+            with pytest.raises(ActorError) as info:
+                fail.call_one(i).get(10)
+            assert str(info.value.exception) == f"boom {i}" and info.value.rank == 1
+        for _ in range(2):
+            with pytest.raises(ActorError, match=r"TypeError: endpoint awaitable returned an awaitable in a sync"):
+                one.awaitable.call_one().get(10)
+            with pytest.raises(ActorError, match=r"TypeError: cannot pickle the result of endpoint lock "):
+                one.lock.call_one().get(10)
+        assert add.call_one(7).get(10) == 7  # the actor lives on
+    finally:
+        mesh.stop().get(10)
+    # The slice is a reference, so it may still call: the actor is gone.
+    with pytest.raises(SupervisionError, match=r"^actor add\(\) target is gone: stopped by client$"):
+        add.call_one(1).get(10)
+
+
+def test_call_sites_of_stopped_explicit_port_and_async_actors(one_proc: object) -> None:
+    """Through a registered site: stop() still refuses, explicit ports and async actors still answer."""
+    mesh = one_proc.spawn("sitestop", SitePaths)  # type: ignore[attr-defined]
+    add = mesh.add
+    assert [add.call_one(i).get(10) for i in range(3)] == [0, 1, 2]
+    mesh.stop().get(10)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^cannot call sitestop.add\(\) after stop\(\) of ActorMesh\('sitestop', SitePaths, hosts=1, gpus=1\); ",
+    ):
+        add.call_one(1)
+    responder = one_proc.spawn("siteresponder", Responder)  # type: ignore[attr-defined]
+    later = responder.later
+    assert [later.call_one(i).get(10) for i in range(3)] == [1, 2, 3]
+    responder.stop().get(10)
+    other = one_proc.spawn("siteecho", Echo)  # type: ignore[attr-defined]
+    caller = one_proc.spawn("siteasync", AsyncCaller, other)  # type: ignore[attr-defined]
+    relay = caller.relay
+    assert [relay.call_one(i).get(10) for i in range(3)] == [(0, 0), (1, 0), (2, 0)]
+    caller.stop().get(10)
+    other.stop().get(10)
 
 
 def test_arguments_are_taken_when_the_call_is_made(echo: object) -> None:

@@ -759,6 +759,8 @@ mesh = this_host().spawn_procs(per_host={"gpus": 2}).spawn("pair", W)
 pids = mesh.pid.call().get(30).values()
 emit(adverb="pids", value=pids, host=HOST)
 healthy, doomed = mesh.slice(gpus=0), mesh.slice(gpus=1)
+# Calls before the death register call sites: the calls after it go through them.
+emit(adverb="sites", value=[healthy.pid.call_one().get(10), doomed.pid.call_one().get(10)])
 emit(adverb="kill", **outcome(lambda: doomed.fault.call_one(sys.argv[1]).get(10)))
 emit(adverb="whole_call", **outcome(lambda: mesh.pid.call().get(10)))
 emit(adverb="whole_stream", values=[outcome(lambda f=f: f.get(10)) for f in mesh.pid.stream()])
@@ -795,6 +797,7 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     rows = job.rows
     assert "hook" in rows, job.describe()
     pids = rows["pids"]["value"]
+    assert rows["sites"]["value"] == pids, job.describe()
     died = proc_re(launch, {"pid": pids[1], "host": rows["pids"]["host"]}, CAUSES[fault])
     rank1 = r"to rank 1 \(hosts=0, gpus=1\) failed: " + died
     # The slice gpus=1 has one dimension left: its only actor is rank 0 (hosts=0).
@@ -810,6 +813,8 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     assert re.fullmatch(rf"cannot broadcast pair\.pid\(\): {died}", rows["whole_broadcast"]["message"]), job.describe()
     assert rows["doomed_call_one"]["type"] == "SupervisionError", job.describe()
     assert rows["doomed_call_one"]["seconds"] < AT_ONCE, job.describe()
+    assert re.fullmatch(rf"pair\.pid\(\) to rank 0 \(hosts=0\) failed: {died}", rows["doomed_call_one"]["message"]), \
+        job.describe()
     failures = rows["hook"]["failures"]
     assert (rows["healthy_call_one"]["type"], rows["healthy_call_one"]["value"]) == (None, pids[0]), job.describe()
     assert (rows["healthy_choose"]["type"], rows["healthy_choose"]["value"]) == (None, pids[0]), job.describe()
