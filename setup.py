@@ -50,7 +50,7 @@ class BuildExt(build_ext):
 
 native = Extension(
     "mpimesh._native",
-    sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c"],
+    sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c", "native/pump.c"],
     depends=["native/compat.h", "native/cuda_aware.h", "native/wire.h"],
     include_dirs=["native"],
     libraries=["dl"],

@@ -40,6 +40,40 @@ def wire_isend(handle: int, data: bytes, dest: int, tag: int, /) -> int | None:
         mpi4py.MPI.Exception: the MPI call failed.
     """
 
+class Pump:
+    """The router's receive path: receive, unpickle and dispatch frames (see native/pump.c).
+
+    Args:
+        lock: held while receiving (the router's lock), released before dispatching.
+        handlers: frame kind -> ``handler(source, frame, buffers)``.
+        take_buffers: ``take_buffers(link index, source rank, sizes)`` -> the raw buffers that
+            follow a frame, called under ``lock``.
+        on_error: ``on_error(kind, source, exception)`` for a handler that raised an
+            Exception; ``None`` lets it propagate.
+        no_buffers: the list passed to handlers of frames without raw buffers.
+        tag, batch_kind, ping_kind: the frames' MPI tag, and the kinds of BATCH and PING frames.
+        max_frames: the most frames one poll receives.
+    """
+
+    #: tracked source -> when last heard from (``time.monotonic``), or None
+    heard: dict[tuple[int, int], float] | None
+    #: when a frame from (0, 0) last arrived, while ``heard`` is None
+    heard_controller: float
+    #: frames dispatched
+    frames_in: int
+
+    def __init__(
+        self, lock: Any, handlers: dict[int, Any], take_buffers: Any, on_error: Any, no_buffers: list[Any],
+        tag: int, batch_kind: int, ping_kind: int, max_frames: int,
+    ) -> None: ...
+    def set_links(self, handles: tuple[int, ...], sources: tuple[Any, ...], /) -> None:
+        """The communicators to poll, and per link an ``(island, rank)`` for all its sources, or the island."""
+    def poll(self, spin: float, /) -> int | tuple[int, list[tuple[int, int]]]:
+        """Receive (probing up to ``spin`` s, GIL released) and dispatch; returns frames handled, not PINGs.
+
+        With link failures: ``(handled, [(link index, MPI error code), ...])``.
+        """
+
 def cuda_run_time(libpath: str, /) -> tuple[int, str]:
     """Ask the already loaded libmpi at ``libpath``.
 

@@ -1,5 +1,5 @@
 /* _native.c - the CPython module mpimesh._native: thin argument parsing
- * around the helpers in cuda_aware.c, and the frame path of wire.c.  See mpimesh/_native.pyi. */
+ * around the helpers in cuda_aware.c, and the frame path of wire.c and pump.c.  See mpimesh/_native.pyi. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -52,4 +52,8 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && mpimesh_pump_add(m) < 0) Py_CLEAR(m);
+    return m;
+}

@@ -55,7 +55,6 @@ static int as_handle(PyObject *obj, size_t *out) {
     *out = PyLong_AsSize_t(obj);
     return !(*out == (size_t)-1 && PyErr_Occurred());
 }
-#define MAX_LINKS 64
 
 static long long now_ns(void) {
     struct timespec ts;
@@ -115,46 +114,52 @@ PyObject *mpimesh_wire_bind(PyObject *self, PyObject *args) {
         return NULL;                                                               \
     }
 
-/* wire_probe(handles, tag, spin_ns) -> None | (index, source, bytes) | (index, -1, error_code) */
-PyObject *mpimesh_wire_probe(PyObject *self, PyObject *args) {
-    PyObject *handles;
-    int tag;
-    long long spin;
-    MPI_Comm comms[MAX_LINKS];
-    MPI_Message msg;
-    MPI_Status status;
+int mpimesh_wire_comms(const char *who, PyObject *handles, MPI_Comm *comms) {
     Py_ssize_t n, i;
-    int flag = 0, err = MPI_SUCCESS, hit = -1, count = 0;
-    PyObject *data;
-    (void)self;
-    CHECK_BOUND();
-    if (!PyArg_ParseTuple(args, "O!iL:wire_probe", &PyTuple_Type, &handles, &tag, &spin)) return NULL;
+    if (!PyTuple_Check(handles)) {
+        PyErr_Format(PyExc_TypeError, "%s: handles must be a tuple of communicator handles", who);
+        return -1;
+    }
     n = PyTuple_GET_SIZE(handles);
-    if (n > MAX_LINKS) {
-        PyErr_Format(PyExc_ValueError, "wire_probe: at most %d communicators, got %zd", MAX_LINKS, n);
-        return NULL;
+    if (n > MPIMESH_MAX_LINKS) {
+        PyErr_Format(PyExc_ValueError, "%s: at most %d communicators, got %zd", who, MPIMESH_MAX_LINKS, n);
+        return -1;
     }
     for (i = 0; i < n; i++) {
         size_t h;
-        if (!as_handle(PyTuple_GET_ITEM(handles, i), &h)) return NULL;
+        if (!as_handle(PyTuple_GET_ITEM(handles, i), &h)) return -1;
         comms[i] = FROM_HANDLE(MPI_Comm, h);
     }
+    return (int)n;
+}
+
+int mpimesh_wire_receive(const MPI_Comm *comms, int n, int tag, long long spin_ns, int *index, int *source,
+                         int *err, PyObject **data) {
+    MPI_Message msg;
+    MPI_Status status;
+    int i, flag = 0, hit = -1, count = 0;
+    if (!bound) {
+        PyErr_SetString(PyExc_RuntimeError, "mpimesh._native: wire_bind() first");
+        return -1;
+    }
+    *err = MPI_SUCCESS;
     /* Two rounds with the GIL held: Open MPI often matches a message only at
      * the probe after the one whose progress pulled it in.  One round for a
      * negative spin_ns (looking for more after a message). */
-    for (int round = spin < 0 ? 1 : 0; round < 2 && hit < 0 && err == MPI_SUCCESS; round++) {
+    for (int round = spin_ns < 0 ? 1 : 0; round < 2 && hit < 0 && *err == MPI_SUCCESS; round++) {
         for (i = 0; i < n; i++) {
-            err = p_improbe(MPI_ANY_SOURCE, tag, comms[i], &flag, &msg, &status);
-            if (err != MPI_SUCCESS || flag) { hit = (int)i; break; }
+            *err = p_improbe(MPI_ANY_SOURCE, tag, comms[i], &flag, &msg, &status);
+            if (*err != MPI_SUCCESS || flag) { hit = i; break; }
         }
     }
-    if (hit < 0 && spin > 0 && n > 0) {
+    if (hit < 0 && spin_ns > 0 && n > 0) {
+        int e = MPI_SUCCESS;
         Py_BEGIN_ALLOW_THREADS
-        long long end = now_ns() + spin;
+        long long end = now_ns() + spin_ns;
         for (unsigned polls = 1; hit < 0; polls++) {
             for (i = 0; i < n; i++) {
-                err = p_improbe(MPI_ANY_SOURCE, tag, comms[i], &flag, &msg, &status);
-                if (err != MPI_SUCCESS || flag) { hit = (int)i; break; }
+                e = p_improbe(MPI_ANY_SOURCE, tag, comms[i], &flag, &msg, &status);
+                if (e != MPI_SUCCESS || flag) { hit = i; break; }
             }
             if (hit >= 0 || (polls & 7) != 0) continue;
             if (now_ns() >= end) break;
@@ -162,19 +167,45 @@ PyObject *mpimesh_wire_probe(PyObject *self, PyObject *args) {
             if ((polls & 31) == 0) sched_yield();
         }
         Py_END_ALLOW_THREADS
+        *err = e;
     }
-    if (hit < 0) Py_RETURN_NONE;
-    if (err != MPI_SUCCESS) return Py_BuildValue("(iii)", hit, -1, err);
-    err = p_get_count(&status, byte_type, &count);
-    if (err != MPI_SUCCESS) return Py_BuildValue("(iii)", hit, -1, err);
-    data = PyBytes_FromStringAndSize(NULL, count);
-    if (data == NULL) return NULL; /* the matched message is lost; out of memory anyway */
-    err = p_mrecv(PyBytes_AS_STRING(data), count, byte_type, &msg, &status);
-    if (err != MPI_SUCCESS) {
-        Py_DECREF(data);
-        return Py_BuildValue("(iii)", hit, -1, err);
+    if (hit < 0) return 0;
+    *index = hit;
+    if (*err != MPI_SUCCESS) return 2;
+    *err = p_get_count(&status, byte_type, &count);
+    if (*err != MPI_SUCCESS) return 2;
+    *data = PyBytes_FromStringAndSize(NULL, count);
+    if (*data == NULL) return -1; /* the matched message is lost; out of memory anyway */
+    *err = p_mrecv(PyBytes_AS_STRING(*data), count, byte_type, &msg, &status);
+    if (*err != MPI_SUCCESS) {
+        Py_CLEAR(*data);
+        return 2;
     }
-    return Py_BuildValue("(iiN)", hit, status.MPI_SOURCE, data);
+    *source = status.MPI_SOURCE;
+    return 1;
+}
+
+/* wire_probe(handles, tag, spin_ns) -> None | (index, source, bytes) | (index, -1, error_code) */
+PyObject *mpimesh_wire_probe(PyObject *self, PyObject *args) {
+    PyObject *handles, *data = NULL;
+    int tag, n, index = -1, source = -1, err = MPI_SUCCESS;
+    long long spin;
+    MPI_Comm comms[MPIMESH_MAX_LINKS];
+    (void)self;
+    CHECK_BOUND();
+    if (!PyArg_ParseTuple(args, "O!iL:wire_probe", &PyTuple_Type, &handles, &tag, &spin)) return NULL;
+    n = mpimesh_wire_comms("wire_probe", handles, comms);
+    if (n < 0) return NULL;
+    switch (mpimesh_wire_receive(comms, n, tag, spin, &index, &source, &err, &data)) {
+    case 0:
+        Py_RETURN_NONE;
+    case 1:
+        return Py_BuildValue("(iiN)", index, source, data);
+    case 2:
+        return Py_BuildValue("(iii)", index, -1, err);
+    default:
+        return NULL;
+    }
 }
 
 /* wire_isend(handle, data, dest, tag) -> None (sent) | request handle (keep `data` alive until it completes) */

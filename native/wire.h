@@ -5,8 +5,27 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "compat.h"
+
+/* The most communicators one probe looks at. */
+#define MPIMESH_MAX_LINKS 64
+
 PyObject *mpimesh_wire_bind(PyObject *self, PyObject *args);
 PyObject *mpimesh_wire_probe(PyObject *self, PyObject *args);
 PyObject *mpimesh_wire_isend(PyObject *self, PyObject *args);
+
+/* The communicators of a tuple of mpi4py handles into comms; returns how
+ * many, or -1 with an exception set whose message starts with who. */
+int mpimesh_wire_comms(const char *who, PyObject *handles, MPI_Comm *comms);
+
+/* Receive one message of tag from any source of comms[0..n), probing as
+ * wire_probe does.  Returns 1 (*index, *source and *data, a new bytes
+ * reference, are set), 0 (nothing arrived), 2 (MPI error *err on link
+ * *index) or -1 (a Python exception is set). */
+int mpimesh_wire_receive(const MPI_Comm *comms, int n, int tag, long long spin_ns, int *index, int *source,
+                         int *err, PyObject **data);
+
+/* The Pump type (pump.c), added to the module by PyInit__native. */
+int mpimesh_pump_add(PyObject *module);
 
 #endif /* MPIMESH_WIRE_H */

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
+import threading
 import time
 from pathlib import Path
 
@@ -139,7 +141,7 @@ class Echo(Actor):
 
     @endpoint
     def path(self):
-        return _current.runtime.router._probe is not None
+        return _current.runtime.router._pump is not None
 
     @endpoint
     def relay(self, other, n):
@@ -151,7 +153,7 @@ class Echo(Actor):
 procs = this_host().spawn_procs(per_host={"gpus": 2})
 mesh = procs.spawn("echo", Echo)
 a, b = mesh.slice(gpus=0), mesh.slice(gpus=1)
-native = _current.runtime.router._probe is not None
+native = _current.runtime.router._pump is not None
 assert mesh.path.call().get(30).values() == [native, native]
 futures = [a.echo.call_one(i) for i in range(500)]  # pipelined: batches
 assert [f.get(30) for f in futures] == list(range(500))
@@ -184,15 +186,140 @@ def test_calls_travel_both_paths(tmp_path: Path, wire: str) -> None:
     assert f"PATH {want}" in result.stdout
 
 
-def _router(comm: MPI.Intracomm, handlers: dict, broken: list[str]) -> object:
+# --- the receive path (native/pump.c) -------------------------------------------
+
+BATCH, PING = 15, 11
+
+
+def _pump(comm: MPI.Intracomm, handlers: dict, *, on_error: object = None, take_buffers: object = None,
+          max_frames: int = 64) -> tuple[object, threading.Lock]:
+    from mpimesh import _native
+
+    def no_buffers(index: int, src: int, sizes: object) -> list[object]:
+        raise AssertionError(f"no raw buffers expected, got sizes {sizes}")
+
+    lock = threading.Lock()
+    pump = _native.Pump(lock, handlers, take_buffers or no_buffers, on_error, [], TAG, BATCH, PING, max_frames)
+    pump.set_links((comm.handle,), (7,))  # island 7: sources are (7, rank)
+    return pump, lock
+
+
+def _post(comm: MPI.Intracomm, *frames: object) -> None:
+    assert _wire.isend is not None
+    for frame in frames:
+        handle = _wire.isend(comm.handle, pickle.dumps(frame, protocol=5), 0, TAG)
+        if handle is not None:
+            MPI.Request.fromhandle(handle).Wait()
+
+
+def test_pump_dispatches_in_order_and_notes_who_was_heard(native: None, comm: MPI.Intracomm) -> None:
+    """Frames reach their handlers in arrival order, BATCHes expanded; PINGs are not counted as traffic."""
+    seen: list[tuple[object, ...]] = []
+    record = lambda src, frame, buffers: seen.append((src, frame, buffers))  # noqa: E731
+    pump, lock = _pump(comm, {4: record, PING: record})
+    assert pump.poll(0.0) == 0 and pump.frames_in == 0
+    inner = [pickle.dumps((4, None, i), protocol=5) for i in (2, 3)]
+    _post(comm, (4, None, 1), (BATCH, None, inner), (PING, None), (4, None, 4))
+    pump.heard = {(7, 0): 0.0, (7, 5): 0.0}
+    assert pump.poll(0.0) == 4
+    assert [f for _, f, _ in seen] == [(4, None, 1), (4, None, 2), (4, None, 3), (PING, None), (4, None, 4)]
+    assert {src for src, _, _ in seen} == {(7, 0)} and all(b == [] for _, _, b in seen)
+    assert pump.frames_in == 5
+    assert pump.heard[(7, 0)] > 0 and pump.heard[(7, 5)] == 0.0  # only the sources it tracks
+    assert not lock.locked()
+
+
+def test_pump_notes_the_controller_when_it_tracks_nobody(native: None, comm: MPI.Intracomm) -> None:
+    """Without a heard dict, a frame from (0, 0) (a link whose one peer is the controller) is noted."""
+    pump, _ = _pump(comm, {4: lambda s, f, b: None})
+    pump.set_links((comm.handle,), ((0, 0),))
+    pump.heard_controller = 0.0
+    _post(comm, (4, None))
+    assert pump.poll(0.0) == 1 and pump.heard_controller > time.monotonic() - 5
+
+
+def test_pump_takes_raw_buffers_after_their_frame(native: None, comm: MPI.Intracomm) -> None:
+    """A frame with sizes gets its buffers from take_buffers(link index, source, sizes), under the lock."""
+    asked: list[tuple[object, ...]] = []
+    got: list[object] = []
+    lock_held: list[bool] = []
+
+    def take(index: int, src: int, sizes: object) -> list[object]:
+        asked.append((index, src, sizes))
+        lock_held.append(lock.locked())
+        return [b"raw"]
+
+    pump, lock = _pump(comm, {4: lambda s, f, b: got.append(b)}, take_buffers=take)
+    _post(comm, (4, (3,)))
+    assert pump.poll(0.0) == 1
+    assert asked == [(0, 0, (3,))] and lock_held == [True] and got == [[b"raw"]]
+
+
+def test_pump_stops_at_max_frames_and_after_one_when_spinning(native: None, comm: MPI.Intracomm) -> None:
+    """max_frames bounds one poll; a spinning poll returns with the first frame."""
+    seen: list[object] = []
+    pump, _ = _pump(comm, {4: lambda s, f, b: seen.append(f[2])}, max_frames=2)
+    _post(comm, *[(4, None, i) for i in range(5)])
+    assert [pump.poll(0.0), pump.poll(1e-3), pump.poll(0.0), pump.poll(0.0)] == [2, 1, 2, 0]
+    assert seen == list(range(5))
+    start = time.monotonic()
+    assert pump.poll(0.02) == 0  # nothing comes: it spun for the time asked
+    assert 0.019 <= time.monotonic() - start < 1.0
+
+
+def test_pump_reports_a_raising_handler_and_goes_on(native: None, comm: MPI.Intracomm) -> None:
+    """on_error(kind, source, exception) hears of a handler's Exception, or of an unknown kind."""
+    reports: list[tuple[object, ...]] = []
+    seen: list[object] = []
+
+    def bad(src: object, frame: tuple, buffers: list) -> None:
+        raise KeyError("boom")
+
+    pump, lock = _pump(comm, {4: bad, 5: lambda s, f, b: seen.append(f)},
+                       on_error=lambda kind, src, exc: reports.append((kind, src, exc)))
+    _post(comm, (4, None), (9, None), (5, None))
+    assert pump.poll(0.0) == 3
+    assert seen == [(5, None)]
+    assert [(kind, src, type(exc)) for kind, src, exc in reports] == [(4, (7, 0), KeyError), (9, (7, 0), KeyError)]
+    assert reports[0][2].__traceback__ is not None and str(reports[1][2]) == "'no handler for frame kind 9'"
+    assert not lock.locked()
+
+
+def test_pump_without_on_error_raises(native: None, comm: MPI.Intracomm) -> None:
+    """With on_error None a handler's exception propagates, and so do frames that are not frames."""
+
+    def bad(src: object, frame: tuple, buffers: list) -> None:
+        raise KeyError("boom")
+
+    pump, lock = _pump(comm, {4: bad})
+    _post(comm, (4, None))
+    with pytest.raises(KeyError, match="boom"):
+        pump.poll(0.0)
+    _post(comm, ["not", "a", "tuple"])
+    with pytest.raises(TypeError, match=r"^Pump: a frame must be a \(kind, sizes, ...\) tuple$"):
+        pump.poll(0.0)
+    assert not lock.locked()  # released on the way out
+    with pytest.raises(ValueError, match=r"^Pump.set_links: 1 handles but 2 sources$"):
+        pump.set_links((comm.handle,), (1, 2))
+    with pytest.raises(ValueError, match=r"^Pump: max_frames must be at least 1, got 0$"):
+        _pump(comm, {}, max_frames=0)
+
+
+# The router at (0, 0) sends to itself without MPI (the Python poll); at (0, 1)
+# its frames to (0, 0) go through MPI to itself (the native pump, when bound).
+ROUTER_ADDRS = pytest.mark.parametrize("addr", [(0, 0), (0, 1)], ids=["to-itself", "through-mpi"])
+
+
+def _router(comm: MPI.Intracomm, handlers: dict, broken: list[str], addr: tuple[int, int] = (0, 0)) -> object:
     from mpimesh._router import Router
 
-    router = Router((0, 0), handlers, broken=broken.append)
+    router = Router(addr, handlers, broken=broken.append)
     router.add_island(comm, 0)
     return router
 
 
-def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm) -> None:
+@ROUTER_ADDRS
+def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm, addr: tuple[int, int]) -> None:
     from mpimesh._protocol import Kind
 
     seen: list[object] = []
@@ -201,7 +328,7 @@ def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm) 
     def bad(src: object, frame: tuple, buffers: list) -> None:
         raise KeyError("boom")
 
-    router = _router(comm, {Kind.LOG: bad, Kind.FAULT: lambda s, f, b: seen.append(f[2])}, broken)
+    router = _router(comm, {Kind.LOG: bad, Kind.FAULT: lambda s, f, b: seen.append(f[2])}, broken, addr)
     router.send((0, 0), (Kind.LOG, None, "x"))
     router.send((0, 0), (Kind.FAULT, None, "after"))
     assert router.poll() == 2
@@ -210,11 +337,12 @@ def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm) 
     assert "KeyError: 'boom'" in broken[0]
 
 
-def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm) -> None:
+@ROUTER_ADDRS
+def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm, addr: tuple[int, int]) -> None:
     from mpimesh._protocol import Kind
 
     ticks: list[float] = []
-    router = _router(comm, {Kind.FAULT: lambda s, f, b: None, Kind.PING: lambda s, f, b: None}, [])
+    router = _router(comm, {Kind.FAULT: lambda s, f, b: None, Kind.PING: lambda s, f, b: None}, [], addr)
     router.every_ms = lambda: ticks.append(time.monotonic())
     router.heard = {(0, 0): 0.0}
     router.poll()
@@ -225,6 +353,7 @@ def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm) -> None:
     router.send((0, 0), (Kind.PING, None))
     assert router.poll() == 0  # a heartbeat is not traffic
     assert len(ticks) == 2 and router.heard[(0, 0)] > 0
+    assert router.frames_in == 1
 
 
 RELAY = """
