@@ -50,7 +50,7 @@ class BuildExt(build_ext):
 
 native = Extension(
     "mpimesh._native",
-    sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c", "native/pump.c"],
+    sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c", "native/pump.c", "native/post.c"],
     depends=["native/compat.h", "native/cuda_aware.h", "native/wire.h"],
     include_dirs=["native"],
     libraries=["dl"],

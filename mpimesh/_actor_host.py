@@ -40,6 +40,8 @@ Port = tuple[Addr, int]
 # Results of these types are answered at once, without asking inspect.
 _NOT_AWAITABLE = frozenset((int, float, str, bool, type(None), bytes, tuple, list, dict))
 _CALL = Kind.CALL
+# Results that are plain data by themselves (see _serialize.plain).
+_SCALARS = _serialize.ATOMS
 # The keyword arguments of every SITE_CALL (only unpacked, never changed).
 _NO_KWARGS: dict[str, Any] = {}
 _NO_BUFFERS: list[Any] = []
@@ -295,7 +297,10 @@ class _Cell:
         except BaseException as exc:
             self._failed_call(exc, port, index, site.method)
         else:
-            self._answer(port, index, result, site.method)
+            if type(result) in _SCALARS:
+                self.runtime.reply_value(site.caller, pid, index, result)  # cannot fail to pickle
+            else:
+                self._answer(port, index, result, site.method)
         finally:
             _current.reset(token)
 

@@ -74,6 +74,53 @@ class Pump:
         With link failures: ``(handled, [(link index, MPI error code), ...])``.
         """
 
+class Out:
+    """Frames waiting to leave for one process, and when it was last sent to (see native/post.c)."""
+
+    link: Any
+    rank: int
+    #: pickled frames held back for a batch
+    frames: list[bytes]
+    #: when a frame last left for it (``time.monotonic``)
+    last: float
+    #: the router's poll count then
+    polls: int
+
+    def __init__(self, link: Any, rank: int) -> None: ...
+
+class Sender:
+    """The router's send path for frames that leave at once (see native/post.c).
+
+    Args:
+        lock: the router's send lock, held while sending.
+        tag: the frames' MPI tag.
+        batching: whether a frame in a burst is held back (returned by ``post``).
+        burst: seconds after a send within which a frame with no poll in between is in a burst.
+        ring_after: seconds of pause after which ``ring(out)`` is called.
+        failed_classes: MPI error classes that mean a peer died (such sends are dropped).
+    """
+
+    #: ``ring(out)`` after a pause, or None
+    ring: Any
+    #: sends in flight
+    pending: int
+    #: frames sent
+    frames_out: int
+    #: when a frame last left (``time.monotonic``)
+    sent_at: float
+
+    def __init__(
+        self, lock: Any, tag: int, batching: bool, burst: float, ring_after: float, failed_classes: tuple[int, ...],
+    ) -> None: ...
+    def post(self, out: Out, frame: Any, polls: int, /) -> bytes | None:
+        """Send ``frame`` to ``out`` now, or return its pickle for the router to hold back.
+
+        Raises:
+            mpi4py.MPI.Exception: the MPI call failed.
+        """
+    def reap(self) -> int:
+        """Drop the completed sends (call it holding the lock); returns those still in flight."""
+
 def cuda_run_time(libpath: str, /) -> tuple[int, str]:
     """Ask the already loaded libmpi at ``libpath``.
 

@@ -194,6 +194,8 @@ class Progress:
                         token.release()
                     self._polled_at = now
                     if handled:
+                        if done():
+                            return True  # most often: the reply this thread waited for
                         last_traffic = time.monotonic()
                         sleep = 0.0
                         continue

@@ -41,7 +41,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import _buffers, _wire
 from ._bell import RING_AFTER
@@ -89,7 +89,10 @@ _BATCH = 64
 
 
 class _Out:
-    """Frames waiting to leave for one process, and when it was last sent to."""
+    """Frames waiting to leave for one process, and when it was last sent to.
+
+    With the native frame path, ``_native.Out`` (the same members) instead.
+    """
 
     __slots__ = ("link", "rank", "last", "polls", "frames")
 
@@ -184,18 +187,25 @@ class Router:
             )
             self.poll = self._poll_native  # type: ignore[method-assign]
         self._frames_in = 0
-        self.frames_out = 0
+        # The native send path (native/post.c), with the native frame path;
+        # each destination's coalescing state is then a _native.Out.
+        self._sender: Any = None
+        self._new_out: Callable[[_Link, int], Any] = _Out
+        if self._pump is not None:
+            self._sender = _native.Sender(
+                self._send_lock, TAG_FRAME, _MAX_BATCH > 1, _BURST, RING_AFTER, tuple(_FAILED_CLASSES)
+            )
+            self._new_out = _native.Out
+        self._frames_out = 0
         #: statistics: BATCH messages sent (each carrying 2.._MAX_BATCH frames)
         self.batches_out = 0
-        #: when this process last sent a frame (time.monotonic)
-        self.sent_at = 0.0
+        self._sent_at = 0.0
         # batches waiting to leave (each link keeps its processes' coalescing state)
         self._held: list[_Out] = []
         self._polls = 0
         #: called when a frame is held back for a batch and none was (wake a poller)
         self.on_hold: Callable[[], None] | None = None
-        #: rings a peer's doorbell (``_bell``) after a frame that follows a pause
-        self.ring: Callable[[Addr], None] | None = None
+        self._ring: Callable[[Addr], None] | None = None
 
     # -- wiring ------------------------------------------------------------
 
@@ -257,6 +267,29 @@ class Router:
         """Frames received and dispatched (statistics)."""
         return self._frames_in + (self._pump.frames_in if self._pump is not None else 0)
 
+    @property
+    def frames_out(self) -> int:
+        """Frames sent, one per frame of a batch (statistics)."""
+        return self._frames_out + (self._sender.frames_out if self._sender is not None else 0)
+
+    @property
+    def sent_at(self) -> float:
+        """When this process last sent a frame (``time.monotonic``)."""
+        if self._sender is not None:
+            return max(self._sent_at, float(self._sender.sent_at))
+        return self._sent_at
+
+    @property
+    def ring(self) -> Callable[[Addr], None] | None:
+        """Rings a peer's doorbell (``_bell``) after a frame that follows a pause."""
+        return self._ring
+
+    @ring.setter
+    def ring(self, ring: Callable[[Addr], None] | None) -> None:
+        self._ring = ring
+        if self._sender is not None:
+            self._sender.ring = None if ring is None else (lambda out: ring(out.link.source(out.rank)))
+
     def set_relay(self, island: int) -> None:
         """Relay frames for other islands through the controller, reached over ``island``'s link."""
         self._relay = (self._routes[island], 0)
@@ -287,7 +320,20 @@ class Router:
         if not buffers:
             link = self._routes.get(dest[0])
             if link is not None and dest != self.addr:
-                self._post(link, dest[1], pickle.dumps(frame, protocol=5), _NO_BUFFERS)
+                sender = self._sender
+                if sender is None:
+                    self._post(link, dest[1], pickle.dumps(frame, protocol=5), _NO_BUFFERS)
+                    return
+                rank = dest[1]
+                out = link.outs.get(rank)
+                if out is None:
+                    out = link.outs[rank] = self._new_out(link, rank)
+                try:
+                    data = sender.post(out, frame, self._polls)
+                except MPI.Exception as exc:
+                    self._send_failed(link, rank, exc)
+                if data is not None:
+                    self._post(link, rank, data, _NO_BUFFERS)  # to be held back for a batch
                 return
         else:
             # bufsizes with each large buffer's alignment (see _buffers.layout)
@@ -317,11 +363,11 @@ class Router:
         lock = self._send_lock
         lock.acquire()  # not `with`: ~80 ns less on every frame
         try:
-            self.frames_out += 1
-            self.sent_at = now
+            self._frames_out += 1
+            self._sent_at = now
             out = link.outs.get(rank)
             if out is None:
-                out = link.outs[rank] = _Out(link, rank)
+                out = link.outs[rank] = self._new_out(link, rank)
             if (out.frames or (out.polls == self._polls and now - out.last < _BURST)) and self._hold(
                 out, data, buffers, now
             ):
@@ -335,16 +381,20 @@ class Router:
                 handle = self._isend(link.handle, data, rank, TAG_FRAME)
                 if handle is not None:
                     self._sends.append((MPI.Request.fromhandle(handle), data, False))
-            if paused and self.ring is not None:
-                self.ring(link.source(rank))
+            if paused and self._ring is not None:
+                self._ring(link.source(rank))
             if self._sends:
                 self._reap()
         except MPI.Exception as exc:
-            if exc.Get_error_class() not in _FAILED_CLASSES:
-                raise
-            raise ConnectionError(f"process {link.source(rank)} has failed: {exc.Get_error_string()}") from None
+            self._send_failed(link, rank, exc)
         finally:
             lock.release()
+
+    @staticmethod
+    def _send_failed(link: _Link, rank: int, exc: MPI.Exception) -> NoReturn:
+        if exc.Get_error_class() not in _FAILED_CLASSES:
+            raise exc
+        raise ConnectionError(f"process {link.source(rank)} has failed: {exc.Get_error_string()}") from None
 
     def _hold(self, out: _Out, data: bytes, buffers: Sequence[Any], now: float) -> bool:
         # A frame in a burst to one process (send lock held): hold it for a
@@ -418,6 +468,8 @@ class Router:
 
     def _reap(self) -> None:
         # Called with the send lock held.
+        if self._sender is not None and self._sender.pending:
+            self._sender.reap()
         sends = self._sends
         while sends:
             try:
@@ -457,7 +509,7 @@ class Router:
         self.flush()
         with self._send_lock:
             self._reap()
-            return len(self._sends)
+            return len(self._sends) + (self._sender.pending if self._sender is not None else 0)
 
     # -- receiving ---------------------------------------------------------
 
@@ -498,7 +550,9 @@ class Router:
             while local and len(got) < _BATCH:
                 here, payload, carried = local.popleft()
                 got.append((here, pickle.loads(payload), carried))
-        if self._sends and self._send_lock.acquire(blocking=False):
+        if (self._sends or (self._sender is not None and self._sender.pending)) and self._send_lock.acquire(
+            blocking=False
+        ):
             # Free completed sends; a thread that is sending does it itself.
             try:
                 self._reap()
@@ -586,7 +640,7 @@ class Router:
         # frame.
         if self._wanted:
             return 0  # another thread waits for the lock (exclusive())
-        if self._local or self._sends or self._ticks:
+        if self._local or self._sends or self._ticks or self._sender.pending:
             return Router.poll(self, spin)
         try:
             self._polls += 1

@@ -155,13 +155,14 @@ class Runtime:
             Exception: ``value`` cannot be pickled (the caller sends an error instead).
         """
         dest = port[0]
+        if status == _OK and _serialize.plain(value):
+            self.reply_value(dest, port[1], index, value)
+            return
         if dest in self.dead:
             return
-        if status == _OK and _serialize.plain(value):
-            # Plain data rides in the frame: one pickle instead of two.
-            frame: Frame = (_REPLY, None, port[1], index, _VALUE, value)
-            buffers: list[Any] = []
-        elif status == _FAILED:
+        frame: Frame
+        buffers: list[Any]
+        if status == _FAILED:
             frame, buffers = (_REPLY, None, port[1], index, _FAILED, str(value)), []
         else:
             body, buffers = _serialize.dumps(value)
@@ -169,6 +170,15 @@ class Runtime:
             frame = (_REPLY, sizes, port[1], index, status, body)
         try:
             self.router.send(dest, frame, buffers)
+        except ConnectionError:
+            debug(f"reply to {dest} dropped: it has failed")
+
+    def reply_value(self, dest: Addr, pid: int, index: int, value: Any) -> None:
+        """Answer port ``pid`` of ``dest`` with plain data (``_serialize.plain``): it rides in the frame."""
+        if dest in self.dead:
+            return
+        try:
+            self.router.send(dest, (_REPLY, None, pid, index, _VALUE, value))
         except ConnectionError:
             debug(f"reply to {dest} dropped: it has failed")
 

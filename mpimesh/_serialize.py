@@ -22,7 +22,7 @@ from . import _buffers
 from .config import settings
 from .errors import ActorError, RemoteException, RemoteTraceback
 
-__all__ = ["dumps", "loads", "plain", "ErrorPayload", "error_payload", "raise_payload", "describe"]
+__all__ = ["ATOMS", "dumps", "loads", "plain", "ErrorPayload", "error_payload", "raise_payload", "describe"]
 
 _PROTOCOL = 5
 
@@ -44,7 +44,9 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         return super().reducer_override(obj)
 
 
-_PLAIN_ATOMS = frozenset((int, float, str, bool, type(None), complex))
+#: The builtin scalars: plain data by themselves.
+ATOMS = frozenset((int, float, str, bool, type(None), complex))
+_PLAIN_ATOMS = ATOMS
 
 
 def plain(obj: Any, depth: int = 0) -> bool:

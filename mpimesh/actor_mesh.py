@@ -26,7 +26,7 @@ _CALL = Kind.CALL
 _SITE_CALL = Kind.SITE_CALL
 _NO_BUFFERS: list[Any] = []
 # Arguments made only of builtin scalars ride in the frame (see _serialize.plain).
-_ATOMS = frozenset((int, float, str, bool, type(None), complex))
+_ATOMS = _serialize.ATOMS
 
 
 def _plain_tuple(args: tuple[Any, ...]) -> bool:

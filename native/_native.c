@@ -1,5 +1,5 @@
 /* _native.c - the CPython module mpimesh._native: thin argument parsing
- * around the helpers in cuda_aware.c, and the frame path of wire.c and pump.c.  See mpimesh/_native.pyi. */
+ * around the helpers in cuda_aware.c, and the frame path of wire.c, pump.c and post.c.  See mpimesh/_native.pyi. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -54,6 +54,6 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && mpimesh_pump_add(m) < 0) Py_CLEAR(m);
+    if (m != NULL && (mpimesh_pump_add(m) < 0 || mpimesh_post_add(m) < 0)) Py_CLEAR(m);
     return m;
 }

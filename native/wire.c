@@ -36,12 +36,14 @@ typedef int (*mrecv_fn)(void *, int, MPI_Datatype, MPI_Message *, MPI_Status *);
 typedef int (*get_count_fn)(const MPI_Status *, MPI_Datatype, int *);
 typedef int (*isend_fn)(const void *, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request *);
 typedef int (*test_fn)(MPI_Request *, int *, MPI_Status *);
+typedef int (*error_class_fn)(int, int *);
 
 static improbe_fn p_improbe;
 static mrecv_fn p_mrecv;
 static get_count_fn p_get_count;
 static isend_fn p_isend;
 static test_fn p_test;
+static error_class_fn p_error_class;
 static MPI_Datatype byte_type;
 static PyObject *exc_type; /* mpi4py's MPI.Exception: exc_type(error_code) */
 static int bound;
@@ -93,6 +95,7 @@ PyObject *mpimesh_wire_bind(PyObject *self, PyObject *args) {
     p_get_count = (get_count_fn)dlsym(lib, "MPI_Get_count");
     p_isend = (isend_fn)dlsym(lib, "MPI_Isend");
     p_test = (test_fn)dlsym(lib, "MPI_Test");
+    p_error_class = (error_class_fn)dlsym(lib, "MPI_Error_class");
     dlclose(lib); /* mpi4py keeps it loaded */
     if (!p_improbe || !p_mrecv || !p_get_count || !p_isend || !p_test) {
         bound = 0;
@@ -206,6 +209,38 @@ PyObject *mpimesh_wire_probe(PyObject *self, PyObject *args) {
     default:
         return NULL;
     }
+}
+
+int mpimesh_wire_start(MPI_Comm comm, const void *buf, Py_ssize_t len, int dest, int tag, MPI_Request *req,
+                       int *done) {
+    int err;
+    *done = 0;
+    if (len > INT32_MAX) return MPI_ERR_COUNT;
+    err = p_isend(buf, (int)len, byte_type, dest, tag, comm, req);
+    if (err == MPI_SUCCESS) err = p_test(req, done, MPI_STATUS_IGNORE);
+    return err;
+}
+
+int mpimesh_wire_test(MPI_Request *req, int *done) { return p_test(req, done, MPI_STATUS_IGNORE); }
+
+int mpimesh_wire_error_class(int code) {
+    int klass = code;
+    if (p_error_class != NULL && p_error_class(code, &klass) != MPI_SUCCESS) klass = code;
+    return klass;
+}
+
+PyObject *mpimesh_wire_error(int code) { return mpi_error(code); }
+
+int mpimesh_wire_bound(void) {
+    if (!bound) PyErr_SetString(PyExc_RuntimeError, "mpimesh._native: wire_bind() first");
+    return bound;
+}
+
+int mpimesh_wire_handle(PyObject *obj, MPI_Comm *comm) {
+    size_t h;
+    if (!as_handle(obj, &h)) return 0;
+    *comm = FROM_HANDLE(MPI_Comm, h);
+    return 1;
 }
 
 /* wire_isend(handle, data, dest, tag) -> None (sent) | request handle (keep `data` alive until it completes) */

@@ -25,7 +25,23 @@ int mpimesh_wire_comms(const char *who, PyObject *handles, MPI_Comm *comms);
 int mpimesh_wire_receive(const MPI_Comm *comms, int n, int tag, long long spin_ns, int *index, int *source,
                          int *err, PyObject **data);
 
-/* The Pump type (pump.c), added to the module by PyInit__native. */
+/* Start a send of len bytes and test it once (*done); returns an MPI error code. */
+int mpimesh_wire_start(MPI_Comm comm, const void *buf, Py_ssize_t len, int dest, int tag, MPI_Request *req,
+                       int *done);
+/* Test a send (*done); returns an MPI error code. */
+int mpimesh_wire_test(MPI_Request *req, int *done);
+/* The class of an MPI error code. */
+int mpimesh_wire_error_class(int code);
+/* Raise mpi4py's MPI.Exception(code); returns NULL. */
+PyObject *mpimesh_wire_error(int code);
+/* Whether wire_bind() succeeded; if not, a RuntimeError is set. */
+int mpimesh_wire_bound(void);
+/* An mpi4py communicator handle (an int) to the communicator; 0 with an exception set if not one. */
+int mpimesh_wire_handle(PyObject *obj, MPI_Comm *comm);
+
+/* The Pump type (pump.c) and the Out and Sender types (post.c), added to the
+ * module by PyInit__native. */
 int mpimesh_pump_add(PyObject *module);
+int mpimesh_post_add(PyObject *module);
 
 #endif /* MPIMESH_WIRE_H */

@@ -305,6 +305,101 @@ def test_pump_without_on_error_raises(native: None, comm: MPI.Intracomm) -> None
         _pump(comm, {}, max_frames=0)
 
 
+# --- the send path (native/post.c) -------------------------------------------------
+
+
+class _Link:
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.handle = comm.handle
+
+
+def _sender(*, batching: bool = True, ring_after: float = 3600.0) -> tuple[object, threading.Lock]:
+    from mpimesh import _native
+
+    lock = threading.Lock()
+    return _native.Sender(lock, TAG, batching, 1e-3, ring_after, (MPI.ERR_PROC_FAILED,)), lock
+
+
+def _frames(comm: MPI.Intracomm) -> list[object]:
+    assert _wire.probe is not None
+    got = []
+    while (hit := _wire.probe((comm.handle,), TAG, 0)) is not None:
+        got.append(pickle.loads(hit[2]))
+    return got
+
+
+def test_sender_sends_at_once_unless_in_a_burst(native: None, comm: MPI.Intracomm) -> None:
+    """A frame leaves at once, unless it follows one to the same process with no poll in between."""
+    from mpimesh import _native
+
+    sender, lock = _sender()
+    out = _native.Out(_Link(comm), 0)
+    assert (out.rank, out.frames, out.polls) == (0, [], -1)
+    assert sender.post(out, (4, None, "first"), 1) is None
+    assert out.polls == 1 and out.last > 0 and sender.frames_out == 1 and sender.sent_at == out.last
+    held = sender.post(out, (4, None, "burst"), 1)  # same poll count, within the burst
+    assert held == pickle.dumps((4, None, "burst"), protocol=5)
+    assert sender.post(out, (4, None, "polled"), 2) is None  # a poll in between: it leaves
+    out.frames = [b"held"]
+    assert sender.post(out, (4, None, "behind"), 3) is not None  # frames are held: it must wait behind them
+    assert _frames(comm) == [(4, None, "first"), (4, None, "polled")]
+    assert sender.frames_out == 2 and not lock.locked()
+    unbatched, _ = _sender(batching=False)
+    out = _native.Out(_Link(comm), 0)
+    assert [unbatched.post(out, (4, None, i), 1) for i in range(3)] == [None] * 3
+    assert _frames(comm) == [(4, None, 0), (4, None, 1), (4, None, 2)]
+
+
+def test_sender_rings_after_a_pause(native: None, comm: MPI.Intracomm) -> None:
+    """ring(out) is called when a frame follows a pause of ring_after seconds."""
+    from mpimesh import _native
+
+    sender, _ = _sender(ring_after=0.05)
+    rung: list[object] = []
+    sender.ring = rung.append
+    out = _native.Out(_Link(comm), 0)
+    sender.post(out, (4, None, 1), 1)  # never sent to before: a pause
+    sender.post(out, (4, None, 2), 2)
+    assert rung == [out]
+    out.last -= 1.0
+    sender.post(out, (4, None, 3), 3)
+    assert rung == [out, out]
+    assert len(_frames(comm)) == 3
+    with pytest.raises(TypeError, match=r"^Sender.ring must be a callable or None$"):
+        sender.ring = 3
+
+
+def test_sender_keeps_a_large_send_until_it_completes(native: None, comm: MPI.Intracomm) -> None:
+    """A send that does not complete at once (rendezvous) is kept with its bytes until reaped."""
+    from mpimesh import _native
+
+    sender, _ = _sender()
+    out = _native.Out(_Link(comm), 0)
+    big = b"x" * (8 << 20)
+    assert sender.post(out, (4, None, big), 1) is None
+    assert sender.pending in (0, 1)  # 1 where the stack needs the receiver for a message this large
+    assert _frames(comm) == [(4, None, big)]
+    assert sender.reap() == 0 and sender.pending == 0
+
+
+def test_sender_errors(native: None, comm: MPI.Intracomm) -> None:
+    """An MPI error raises MPI.Exception with the lock released; misuse raises TypeError."""
+    from mpimesh import _native
+
+    sender, lock = _sender()
+    out = _native.Out(_Link(comm), 5)  # COMM_SELF has one rank
+    with pytest.raises(MPI.Exception) as info:
+        sender.post(out, (4, None), 1)
+    assert info.value.Get_error_class() == MPI.ERR_RANK and not lock.locked()
+    with pytest.raises(TypeError, match=r"^Sender.post\(out, frame, polls\): out must be an Out$"):
+        sender.post(object(), (4, None), 1)
+    with pytest.raises(TypeError, match=r"^Out.frames must be a list$"):
+        out.frames = ()
+    with pytest.raises(TypeError, match=r"^cannot pickle '_thread.lock' object$"):
+        sender.post(_native.Out(_Link(comm), 0), (4, None, lock), 1)
+    assert not lock.locked()
+
+
 # The router at (0, 0) sends to itself without MPI (the Python poll); at (0, 1)
 # its frames to (0, 0) go through MPI to itself (the native pump, when bound).
 ROUTER_ADDRS = pytest.mark.parametrize("addr", [(0, 0), (0, 1)], ids=["to-itself", "through-mpi"])
@@ -335,6 +430,8 @@ def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm, 
     assert seen == ["after"]
     assert len(broken) == 1 and broken[0].startswith("error handling LOG from (0, 0):\n")
     assert "KeyError: 'boom'" in broken[0]
+    through_mpi = addr != (0, 0)  # frames to itself are not sent
+    assert (router.frames_out, router.frames_in, router.sent_at > 0) == (2 * through_mpi, 2, through_mpi)
 
 
 @ROUTER_ADDRS
