@@ -30,6 +30,12 @@ backlog spend most of their time in MPI without it.
 Raw buffers (the data plane's out-of-band tensors and arrays) are sent from
 the caller's memory without a copy and received into pooled blocks
 (``_buffers.recv_buffer``) that stay faulted in between messages.
+
+With the native frame path (``_wire``), the hot halves run in C: receiving
+and dispatching (``_native.Pump``, native/pump.c) and sending a frame that
+leaves at once (``_native.Sender``, native/post.c).  The Python below stays
+the path for everything else (frames to this very process, raw buffers,
+batches, one-sided operations) and the whole of it without the native part.
 """
 
 from __future__ import annotations
@@ -327,7 +333,9 @@ class Router:
                 rank = dest[1]
                 out = link.outs.get(rank)
                 if out is None:
-                    out = link.outs[rank] = self._new_out(link, rank)
+                    # setdefault: atomic, so that two threads meeting a new
+                    # destination share one state (this is outside the lock)
+                    out = link.outs.setdefault(rank, self._new_out(link, rank))
                 try:
                     data = sender.post(out, frame, self._polls)
                 except MPI.Exception as exc:
@@ -367,7 +375,7 @@ class Router:
             self._sent_at = now
             out = link.outs.get(rank)
             if out is None:
-                out = link.outs[rank] = self._new_out(link, rank)
+                out = link.outs.setdefault(rank, self._new_out(link, rank))
             if (out.frames or (out.polls == self._polls and now - out.last < _BURST)) and self._hold(
                 out, data, buffers, now
             ):

@@ -4,7 +4,9 @@ Receiving a small frame through mpi4py (``improbe``, then ``Message.recv``)
 and sending one (``Isend``, then ``Test``) builds a few Python objects per
 call; ``mpimesh._native`` makes the same MPI calls on the raw handles
 (``native/wire.c``), and can keep probing for a while with the GIL released,
-so a waiting thread sees a message as soon as MPI does.
+so a waiting thread sees a message as soon as MPI does.  With them the router
+also takes its receive path (unpickle, dispatch: ``native/pump.c``) and its
+send path for a frame that leaves at once (``native/post.c``) from there.
 
 The native part is compiled against one MPI's headers and does not link
 libmpi, so one checkout can serve virtual environments with different MPIs.
@@ -77,8 +79,8 @@ def _try_bind() -> str:
         from . import _native
     except ImportError as exc:
         return f"mpimesh._native is not built ({exc}); reinstall with MPIMESH_MPICC=/path/to/mpicc"
-    if not hasattr(_native, "wire_bind"):
-        return "mpimesh._native is out of date; reinstall mpimesh"
+    if not all(hasattr(_native, name) for name in ("wire_bind", "Pump", "Sender", "Out")):
+        return "mpimesh._native is out of date; rebuild it (see the README's install section)"
     built, loaded = _native.built_with(), library()
     if not same_mpi(built, loaded):
         return f"mpimesh._native was built with {built}, but {loaded!r} is loaded"

@@ -86,6 +86,10 @@ static int out_init(Out *self, PyObject *args, PyObject *kwds) {
 
 static PyObject *out_get_frames(Out *self, void *closure) {
     (void)closure;
+    if (self->frames == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "the Out was never initialised");
+        return NULL;
+    }
     Py_INCREF(self->frames);
     return self->frames;
 }
@@ -292,6 +296,10 @@ static PyObject *sender_post(Sender *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     out = (Out *)args[0];
+    if (self->acquire == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Sender.post: the Sender was never initialised");
+        return NULL;
+    }
     if (out->frames == NULL) {
         PyErr_SetString(PyExc_TypeError, "Sender.post: the Out was never initialised");
         return NULL;

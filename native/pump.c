@@ -133,6 +133,13 @@ static PyObject *pump_set_links(Pump *self, PyObject *args) {
     MPI_Comm comms[MPIMESH_MAX_LINKS];
     int n;
     if (!PyArg_ParseTuple(args, "O!O!:set_links", &PyTuple_Type, &handles, &PyTuple_Type, &sources)) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sources); i++) {
+        PyObject *entry = PyTuple_GET_ITEM(sources, i);
+        if (!(PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2) && !PyLong_Check(entry)) {
+            PyErr_SetString(PyExc_TypeError, "Pump.set_links: a source must be an (island, rank) tuple or an island");
+            return NULL;
+        }
+    }
     n = mpimesh_wire_comms("Pump.set_links", handles, comms);
     if (n < 0) return NULL;
     if (PyTuple_GET_SIZE(sources) != n) {
@@ -295,6 +302,10 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
     PyObject *got = NULL, *errors = NULL, *rc;
     Py_ssize_t handled;
     if (spin == -1.0 && PyErr_Occurred()) return NULL;
+    if (self->acquire == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Pump.poll: the Pump was never initialised");
+        return NULL;
+    }
     spin_ns = spin > 0 ? (long long)(spin * 1e9) : 0;
     got = PyList_New(0);
     if (got == NULL) return NULL;

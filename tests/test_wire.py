@@ -303,6 +303,24 @@ def test_pump_without_on_error_raises(native: None, comm: MPI.Intracomm) -> None
         pump.set_links((comm.handle,), (1, 2))
     with pytest.raises(ValueError, match=r"^Pump: max_frames must be at least 1, got 0$"):
         _pump(comm, {}, max_frames=0)
+    with pytest.raises(TypeError, match=r"^Pump.set_links: a source must be an \(island, rank\) tuple or an island$"):
+        pump.set_links((comm.handle,), ((1, 2, 3),))
+
+
+def test_native_objects_that_skipped_init_refuse_politely(native: None, comm: MPI.Intracomm) -> None:
+    """Made with __new__ alone, the native objects raise instead of crashing."""
+    from mpimesh import _native
+
+    with pytest.raises(RuntimeError, match=r"^Pump.poll: the Pump was never initialised$"):
+        _native.Pump.__new__(_native.Pump).poll(0.0)
+    sender, _ = _sender()
+    bare = _native.Out.__new__(_native.Out)
+    with pytest.raises(AttributeError, match=r"^the Out was never initialised$"):
+        _ = bare.frames
+    with pytest.raises(TypeError, match=r"^Sender.post: the Out was never initialised$"):
+        sender.post(bare, (4, None), 1)
+    with pytest.raises(RuntimeError, match=r"^Sender.post: the Sender was never initialised$"):
+        _native.Sender.__new__(_native.Sender).post(_native.Out(_Link(comm), 0), (4, None), 1)
 
 
 # --- the send path (native/post.c) -------------------------------------------------
