@@ -3,9 +3,10 @@
 Metadata lives in pyproject.toml; this file only exists because a C extension
 must choose its compiler.  The wrapper is found as mpi4py finds it:
 ``$MPIMESH_MPICC``, then ``$MPICC``, then ``mpicc =`` in setup.cfg's
-``[build_ext]``, then ``mpicc`` on ``PATH`` (or beside the interpreter); ``MPIMESH_MPICC=none`` skips
-it (the in-place build serves one MPI: a second venv with another MPI must
-not overwrite it, see scripts/bootstrap.sh).  The extension is optional: without a working wrapper (e.g. under pip's build
+``[build_ext]``, then ``mpicc`` on ``PATH`` (or beside the interpreter).
+``MPIMESH_MPICC=none`` skips the build: the in-place build serves one MPI, and
+a second venv with another MPI must not overwrite it (scripts/bootstrap.sh).
+The extension is optional: without a working wrapper (e.g. under pip's build
 isolation on a machine whose MPI is installed by the same ``pip install``),
 the build warns, listing all four places, and mpimesh falls back to ctypes.
 """
