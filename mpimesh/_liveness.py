@@ -158,7 +158,7 @@ class Liveness:
                 self._pinged[addr] = now
                 self._ping += 1
                 try:
-                    self.rt.send(addr, (Kind.PING, None, self._ping))
+                    self.rt.router.send_quiet(addr, (Kind.PING, None, self._ping))
                 except ConnectionError:
                     pass
 

@@ -347,7 +347,7 @@ class Runtime:
         if self.controller is not None:
             self.controller.on_ping(src, frame)
         else:
-            self.router.send(CONTROLLER, frame)
+            self.router.send_quiet(CONTROLLER, frame)  # a heartbeat wakes nobody
 
     def _controller_only(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         if self.controller is None:

@@ -486,6 +486,37 @@ def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm, addr: tuple[int, i
     assert router.frames_in == 1
 
 
+@pytest.mark.parametrize("wire", ["native", "mpi4py"])
+def test_a_heartbeat_rings_no_doorbell(comm: MPI.Intracomm, wire: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """send_quiet: no ring, no sent_at, and the next frame after a pause still rings (it wakes the sleeper)."""
+    from mpimesh._bell import RING_AFTER
+    from mpimesh._protocol import Kind
+
+    if wire == "mpi4py":
+        monkeypatch.setattr(_wire, "isend", None)
+        monkeypatch.setattr(_wire, "probe", None)
+        monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="mpi4py"))
+    elif not _wire.bind():
+        pytest.skip(_wire.why_not)
+    got: list[object] = []
+    router = _router(comm, {Kind.PING: lambda s, f, b: got.append(f), Kind.FAULT: lambda s, f, b: got.append(f)},
+                     [], (0, 1))
+    assert (_wire.isend is None) == (wire == "mpi4py")
+    rings: list[object] = []
+    router.ring = rings.append
+    router.send_quiet((0, 0), (Kind.PING, None, 1))
+    assert router.poll() == 0 and got == [(Kind.PING, None, 1)]  # it arrives; a heartbeat is not traffic
+    assert rings == [] and router.sent_at == 0.0
+    router.send((0, 0), (Kind.FAULT, None, "wake"))
+    assert rings == [(0, 0)] and router.sent_at > 0  # the first real frame rings
+    time.sleep(RING_AFTER * 1.5)
+    router.send_quiet((0, 0), (Kind.PING, None, 2))
+    router.send((0, 0), (Kind.FAULT, None, "again"))
+    assert rings == [(0, 0), (0, 0)]  # after a pause: the heartbeat in between did not count as a send
+    assert router.poll() == 2
+    assert got[1:] == [(Kind.FAULT, None, "wake"), (Kind.PING, None, 2), (Kind.FAULT, None, "again")]
+
+
 RELAY = """
 from mpimesh import Actor, endpoint, this_host
 
