@@ -92,15 +92,23 @@ def raw_pipelined(one: Any, world_rank: int, n: int, timeout: float = 120.0) -> 
     return secs
 
 
-def raw_standalone(kind: str, nprocs: int, rounds: int, timeout: float = 120.0) -> dict[str, Any]:
-    """Run ``_raw.py`` as its own ``mpiexec -n nprocs`` job (spawned-worker mode).
+def raw_standalone(kind: str, nprocs: int, rounds: int, timeout: float = 120.0, *,
+                   spawned: bool = False) -> dict[str, Any]:
+    """Run ``_raw.py`` as a job of its own, for scripts whose workers were spawned.
 
+    ``spawned``: a singleton that spawns ``nprocs - 1`` echo processes and
+    talks to them over the intercommunicator (the link mpimesh's spawned
+    workers have); else an ``mpiexec -n nprocs`` job over ``COMM_WORLD``.
     The child gets a scrubbed environment (``launch_env``), so it starts a job
     of its own even when called from inside an MPI singleton.
     """
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    cmd = [mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(nprocs),
-           sys.executable, os.path.join(HERE, "_raw.py"), kind, str(rounds)]
+    script = os.path.join(HERE, "_raw.py")
+    if spawned:
+        cmd = [sys.executable, script, kind, str(rounds), "--spawn", str(nprocs - 1)]
+    else:
+        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        cmd = [mpiexec, "--oversubscribe", "--bind-to", "none", "-n", str(nprocs),
+               sys.executable, script, kind, str(rounds)]
     proc = run_bounded(cmd, launch_env(), timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:

@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "MPI_ENV",
+    "SPAWNED_BASELINE",
     "TAG",
     "emit",
     "kill_session",
@@ -42,6 +43,9 @@ TAG = 77
 #: Environment every MPI launch of the benchmarks gets (see
 #: ../shared/reference/mpi-facts.md: root, and no libfabric, which adds ~1 s
 #: to every MPI_Init and spawn).
+#: the ``baseline`` text of a spawned-worker run (see ``_actors.raw_standalone``)
+SPAWNED_BASELINE = "separate job: a singleton and the processes it spawned, over the intercommunicator"
+
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",

@@ -5,9 +5,12 @@ Inside an mpimesh job the worker half runs in an actor endpoint
 which mpimesh never uses.  The controller half runs on rank 0's main thread
 while the endpoint call is pending.
 
-Run standalone (``mpiexec -n K python benchmarks/_raw.py KIND ROUNDS``) it is
-the same exchange in a pure mpi4py job, for scripts whose mpimesh workers were
-spawned and so share no ``COMM_WORLD`` with the controller.
+Run standalone it is the same exchange in a pure mpi4py job, for scripts
+whose mpimesh workers were spawned and so share no ``COMM_WORLD`` with the
+controller: ``python benchmarks/_raw.py KIND ROUNDS --spawn K`` (a singleton
+spawns K echo processes with ``MPI_Comm_spawn`` and talks to them over the
+intercommunicator, the link mpimesh's spawned workers have) or
+``mpiexec -n K+1 python benchmarks/_raw.py KIND ROUNDS`` (over ``COMM_WORLD``).
 
 Messages are small pickled tuples, sent with lowercase ``send``/``recv``
 (mpi4py's pickle path), as the peers' "mpi4py raw" figures were.
@@ -82,23 +85,33 @@ def _main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     kind, rounds = argv[0], int(argv[1])
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    if kind == "echo":  # a spawned child: echo over the intercommunicator to its parent
+        parent = MPI.Comm.Get_parent()
+        echo(parent, rounds)
+        parent.Disconnect()
+        return 0
+    if kind not in ("fanout", "pipelined"):
+        raise SystemExit(f"expecting kind 'fanout' or 'pipelined', got {kind!r}")
+    echoes = rounds + 1 if kind == "pipelined" else rounds
+    if argv[2:3] == ["--spawn"]:
+        k = int(argv[3])
+        comm = MPI.COMM_SELF.Spawn(sys.executable, [__file__, "echo", str(echoes)], maxprocs=k)
+        rank, dests = 0, list(range(k))
+    else:
+        comm = MPI.COMM_WORLD
+        rank, dests = comm.Get_rank(), list(range(1, comm.Get_size()))
+    if rank != 0:
+        echo(comm, echoes)
+        return 0
     if kind == "pipelined":
-        if rank == 0:
-            secs = pipelined(comm, 1, rounds)
-            print(json.dumps({"kind": kind, "n": rounds, "seconds": secs}), flush=True)
-        elif rank == 1:
-            echo(comm, rounds + 1)
-        return 0
-    if kind == "fanout":
-        if rank == 0:
-            times, cpu = fanout(comm, list(range(1, size)), rounds)
-            print(json.dumps({"kind": kind, "ns": times, "cpu_s": cpu}), flush=True)
-        else:
-            echo(comm, rounds)
-        return 0
-    raise SystemExit(f"expecting kind 'fanout' or 'pipelined', got {kind!r}")
+        out: dict[str, object] = {"kind": kind, "n": rounds, "seconds": pipelined(comm, dests[0], rounds)}
+    else:
+        times, cpu = fanout(comm, dests, rounds)
+        out = {"kind": kind, "ns": times, "cpu_s": cpu}
+    if comm != MPI.COMM_WORLD:
+        comm.Disconnect()
+    print(json.dumps(out), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Run (workers from the launch pool; the raw baseline runs in the same job)::
 
 ``-n 3`` works too (the spare rank idles).  From a plain
 ``python -m mpimesh benchmarks/bench_b1.py`` the worker is spawned and the
-baseline runs as a separate ``mpiexec -n 2`` job of ``_raw.py``.
+baseline is the same ping-pong between a singleton and a child it spawned
+(``_raw.py --spawn``), over the intercommunicator that spawned workers have.
 
 Per repeat: 200 warm-up calls, 2,000 timed sequential calls; then the
 baseline: pickled small-tuple ``send``/``recv`` ping-pong between rank 0 and
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 
 from _actors import Bench, describe_job, raw_fanout, raw_standalone, time_calls
-from _common import emit, median, r, ratio, summary_us, watchdog
+from _common import SPAWNED_BASELINE, emit, median, r, ratio, summary_us, watchdog
 
 from mpimesh import this_host
 
@@ -43,7 +44,7 @@ def main() -> None:
         ours.append(summary_us(time_calls(lambda: one.noop.call_one(1).get(), args.calls)))
         if info["spawned"]:
             rounds = args.warmup + args.calls
-            ns = raw_standalone("fanout", 2, rounds)["ns"][args.warmup:]
+            ns = raw_standalone("fanout", 2, rounds, spawned=True)["ns"][args.warmup:]
         else:
             ns, _ = raw_fanout(mesh, [info["world_rank"]], args.warmup + args.calls)
             ns = ns[args.warmup:]
@@ -60,7 +61,7 @@ def main() -> None:
         "median_us": r(med),
         "p99_us": r(median(s["p99_us"] for s in ours)),
         "baseline": "mpi4py pickled send/recv ping-pong of a small tuple, "
-        + ("separate mpiexec -n 2 job" if info["spawned"] else "same job, rank 0 <-> worker rank on COMM_WORLD"),
+        + (SPAWNED_BASELINE if info["spawned"] else "same job, rank 0 <-> worker rank on COMM_WORLD"),
         "baseline_median_us": r(bmed),
         "baseline_p99_us": r(median(s["p99_us"] for s in base)),
         "ratio": ratio(med, bmed),

@@ -5,7 +5,8 @@ Run (workers from the launch pool; the raw baseline runs in the same job)::
     mpiexec --oversubscribe --bind-to none -n 3 .venv/bin/python -m mpimesh benchmarks/bench_b2.py
 
 From a plain ``python -m mpimesh`` the workers are spawned and the baseline
-runs as a separate ``mpiexec -n 3`` job of ``_raw.py``.
+is the same exchange between a singleton and 2 children it spawned
+(``_raw.py --spawn``), over the intercommunicator.
 
 Per repeat: 100 warm-up calls, 1,000 timed calls on the whole mesh; then the
 baseline: rank 0 sends a pickled small tuple to both worker ranks and
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from _actors import Bench, describe_job, raw_fanout, raw_standalone, time_calls
-from _common import emit, median, r, ratio, summary_us, watchdog
+from _common import SPAWNED_BASELINE, emit, median, r, ratio, summary_us, watchdog
 
 from mpimesh import this_host
 
@@ -44,7 +45,7 @@ def main() -> None:
         ours.append(summary_us(time_calls(lambda: mesh.noop.call(1).get(), args.calls)))
         rounds = args.warmup + args.calls
         if spawned:
-            ns = raw_standalone("fanout", 3, rounds)["ns"]
+            ns = raw_standalone("fanout", 3, rounds, spawned=True)["ns"]
         else:
             ns, _ = raw_fanout(mesh, [i["world_rank"] for i in infos], rounds)
         base.append(summary_us(ns[args.warmup:]))
@@ -60,7 +61,7 @@ def main() -> None:
         "median_us": r(med),
         "p99_us": r(median(s["p99_us"] for s in ours)),
         "baseline": "mpi4py pickled send to both ranks then recv both, "
-        + ("separate mpiexec -n 3 job" if spawned else "same job on COMM_WORLD"),
+        + (SPAWNED_BASELINE if spawned else "same job on COMM_WORLD"),
         "baseline_median_us": r(bmed),
         "baseline_p99_us": r(median(s["p99_us"] for s in base)),
         "ratio": ratio(med, bmed),

@@ -5,7 +5,8 @@ Run (worker from the launch pool; the raw baseline runs in the same job)::
     mpiexec --oversubscribe --bind-to none -n 2 .venv/bin/python -m mpimesh benchmarks/bench_b3.py
 
 From a plain ``python -m mpimesh`` the worker is spawned and the baseline
-runs as a separate ``mpiexec -n 2`` job of ``_raw.py``.
+is the same exchange between a singleton and a child it spawned
+(``_raw.py --spawn``), over the intercommunicator.
 
 Per repeat: a warm-up batch of 1,000, then the timed batch: 10,000
 ``call_one()`` futures, then ``get()`` on each, in order.  Baseline: one
@@ -20,7 +21,7 @@ import argparse
 import time
 
 from _actors import Bench, describe_job, raw_pipelined, raw_standalone
-from _common import emit, median, ratio, watchdog
+from _common import SPAWNED_BASELINE, emit, median, ratio, watchdog
 
 from mpimesh import this_host
 
@@ -54,7 +55,7 @@ def main() -> None:
         batch(one, args.warmup)
         ours.append(args.calls / batch(one, args.calls))
         if info["spawned"]:
-            secs = raw_standalone("pipelined", 2, args.calls)["seconds"]
+            secs = raw_standalone("pipelined", 2, args.calls, spawned=True)["seconds"]
         else:
             secs = raw_pipelined(one, info["world_rank"], args.calls)
         base.append(args.calls / secs)
@@ -68,7 +69,7 @@ def main() -> None:
         "repeats": args.repeats,
         "calls_per_s": round(rate),
         "baseline": "mpi4py pipelined pickled isend x N then recv N echoes, "
-        + ("separate mpiexec -n 2 job" if info["spawned"] else "same job on COMM_WORLD"),
+        + (SPAWNED_BASELINE if info["spawned"] else "same job on COMM_WORLD"),
         "baseline_msgs_per_s": round(brate),
         "ratio": ratio(brate, rate),
         "ratio_note": "baseline rate / our rate",

@@ -5,7 +5,8 @@ Run (16 workers from the launch pool, oversubscribed on a small machine)::
     mpiexec --oversubscribe --bind-to none -n 17 .venv/bin/python -m mpimesh benchmarks/bench_b9.py
 
 From a plain ``python -m mpimesh`` the workers are spawned (one island per
-mesh) and the baseline runs as a separate ``mpiexec -n k+1`` job.
+mesh) and the baseline is the same exchange between a singleton and k
+children it spawned (``_raw.py --spawn``), over the intercommunicator.
 
 For each size k: ``spawn_procs(per_host={"gpus": k})``, one actor per
 process; per repeat 50 warm-up and 500 timed ``call().get()``, the
@@ -23,7 +24,7 @@ import os
 import time
 
 from _actors import Bench, describe_job, raw_fanout, raw_standalone
-from _common import emit, median, r, ratio, summary_us, watchdog
+from _common import SPAWNED_BASELINE, emit, median, r, ratio, summary_us, watchdog
 
 from mpimesh import this_host
 
@@ -69,7 +70,7 @@ def main() -> None:
             cpus.append(cpu)
             rounds = args.base_warmup + args.calls
             if spawned:
-                res = raw_standalone("fanout", k + 1, rounds, timeout=240)
+                res = raw_standalone("fanout", k + 1, rounds, timeout=240, spawned=True)
                 ns, bcpu = res["ns"], res["cpu_s"]
             else:
                 ns, bcpu = raw_fanout(mesh, [i["world_rank"] for i in infos], rounds, timeout=240)
@@ -95,7 +96,7 @@ def main() -> None:
         "repeats": args.repeats,
         "sizes": results,
         "baseline": "mpi4py pickled send to each of k ranks then recv each; workers in blocking recv; "
-        + ("separate mpiexec job" if job and job["workers"] == "spawned" else "same job on COMM_WORLD"),
+        + (SPAWNED_BASELINE if job and job["workers"] == "spawned" else "same job on COMM_WORLD"),
         "cpu_note": "controller process CPU (all its threads, time.process_time) over the timed calls / calls; "
         "includes the waiting thread's spin-polling",
         "cores": os.cpu_count(),
