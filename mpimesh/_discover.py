@@ -11,12 +11,17 @@ starts N singletons instead of one world of N.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
+
+# subprocess and json are imported where used: every process of a job imports
+# this module at start (for parse_library_version), only the launcher probes.
 
 __all__ = [
     "Candidate",
@@ -180,6 +185,9 @@ def probe_library(python: str, environ: Mapping[str, str]) -> MpiLibrary:
         RuntimeError: If mpi4py cannot be imported or the probe fails.
 
     """
+    import json
+    import subprocess
+
     argv = [python, "-c", _PROBE]
     try:
         done = subprocess.run(
@@ -309,6 +317,8 @@ def candidate_paths(
 
 def query_tool(argv: list[str], environ: Mapping[str, str]) -> subprocess.CompletedProcess[str] | None:
     """Run an MPI tool for what it prints (bounded); ``None`` if it cannot run."""
+    import subprocess
+
     try:
         return subprocess.run(
             argv,

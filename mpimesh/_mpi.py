@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 
 import mpi4py
@@ -78,6 +77,8 @@ def hostname() -> str:
     try:
         return MPI.Get_processor_name()
     except Exception:  # pragma: no cover - MPI without a processor name
+        import socket
+
         return socket.gethostname()
 
 
