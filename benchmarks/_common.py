@@ -40,12 +40,12 @@ __all__ = [
 #: itself carries nothing else.
 TAG = 77
 
-#: Environment every MPI launch of the benchmarks gets (see
-#: ../shared/reference/mpi-facts.md: root, and no libfabric, which adds ~1 s
-#: to every MPI_Init and spawn).
 #: the ``baseline`` text of a spawned-worker run (see ``_actors.raw_standalone``)
 SPAWNED_BASELINE = "separate job: a singleton and the processes it spawned, over the intercommunicator"
 
+#: Environment every MPI launch of the benchmarks gets (see
+#: ../shared/reference/mpi-facts.md: root, and no libfabric, which adds ~1 s
+#: to every MPI_Init and spawn).
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",

@@ -384,18 +384,18 @@ class Router:
         lock.acquire()  # not `with`: ~80 ns less on every frame
         try:
             self._frames_out += 1
+            if not quiet:
+                self._sent_at = now
             out = link.outs.get(rank)
             if out is None:
                 out = link.outs.setdefault(rank, self._new_out(link, rank))
             if (out.frames or (out.polls == self._polls and now - out.last < _BURST)) and self._hold(
                 out, data, buffers, now
             ):
-                self._sent_at = now
                 return
             if quiet:
                 paused = False
             else:
-                self._sent_at = now
                 paused = now - out.last > RING_AFTER
                 out.last = now
                 out.polls = self._polls

@@ -30,6 +30,11 @@ TAG = 77
 _pending: list[tuple[MPI.Request, bytes]] = []
 
 
+def _keep(handle: int | None, data: bytes) -> None:
+    if handle is not None:
+        _pending.append((MPI.Request.fromhandle(handle), data))
+
+
 @pytest.fixture()
 def comm() -> MPI.Intracomm:
     c = MPI.COMM_SELF.Dup()
@@ -74,9 +79,7 @@ def test_probe_finds_the_link_with_a_message(native: None, comm: MPI.Intracomm) 
     other = MPI.COMM_SELF.Dup()
     try:
         payload = b"x" * 1000
-        handle = _wire.isend(other.handle, payload, 0, TAG)
-        if handle is not None:
-            _pending.append((MPI.Request.fromhandle(handle), payload))
+        _keep(_wire.isend(other.handle, payload, 0, TAG), payload)
         assert _wire.probe((comm.handle, other.handle), TAG, 0) == (1, 0, b"x" * 1000)
         assert _wire.probe((), TAG, 10_000_000) is None  # no links: no spin either
     finally:
@@ -222,9 +225,7 @@ def _post(comm: MPI.Intracomm, *frames: object) -> None:
     assert _wire.isend is not None
     for frame in frames:
         data = pickle.dumps(frame, protocol=5)
-        handle = _wire.isend(comm.handle, data, 0, TAG)
-        if handle is not None:  # completes once the test's poll (or the fixture) receives it
-            _pending.append((MPI.Request.fromhandle(handle), data))
+        _keep(_wire.isend(comm.handle, data, 0, TAG), data)  # completes once received
 
 
 def test_pump_dispatches_in_order_and_notes_who_was_heard(native: None, comm: MPI.Intracomm) -> None:
