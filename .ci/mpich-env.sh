@@ -85,7 +85,7 @@ from mpi4py import MPI
 print(MPI.Get_library_version().splitlines()[0].strip())')
 log "mpi4py loads: $LIB"
 case "$LIB" in "MPICH Version:"*5.0.2*) ;; *) log "error: expected MPICH 5.0.2, got '$LIB'"; exit 1 ;; esac
-WHICH=$(timeout 60 "$PY" -m mpimesh._launcher info --get mpiexec 2> /dev/null || true)
+WHICH=$(timeout 60 "$PY" -m mpimesh._launch.cli info --get mpiexec 2> /dev/null || true)
 [ -z "$WHICH" ] || log "mpimesh info: mpiexec $WHICH"
 
 cat > "$CHECK/world.py" <<'EOF'

@@ -115,7 +115,7 @@ case "$EXAMPLE" in /*) ;; *) EXAMPLE=$REPO/$EXAMPLE ;; esac
 # The templates read these; this checkout's mpimesh wins over an installed one.
 export VENV
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-log "venv $VENV: $("$VENV/bin/python" -m mpimesh._launcher info --get mpi_library_version 2>&1 | tail -n 1)"
+log "venv $VENV: $("$VENV/bin/python" -m mpimesh._launch.cli info --get mpi_library_version 2>&1 | tail -n 1)"
 log "example $EXAMPLE, expecting: $(printf '/%s/ ' "${EXPECTS[@]}")"
 
 # run_job NAME WORLD WANT_RC PATTERN... -- [VAR=value...] -- SBATCH_ARGS...

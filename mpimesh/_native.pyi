@@ -1,8 +1,8 @@
 """Stub of the optional C extension ``mpimesh._native`` (sources in ``native/``).
 
 Built by ``setup.py`` with the MPI compiler wrapper when one is found; it
-does not link libmpi.  Without it, ``mpimesh._buffers.cuda_support`` falls
-back to ctypes and the router (``mpimesh._wire``) to mpi4py's calls.
+does not link libmpi.  Without it, ``mpimesh._data.buffers.cuda_support`` falls
+back to ctypes and the router (``mpimesh._transport.native``) to mpi4py's calls.
 """
 
 from typing import Any

@@ -6,10 +6,11 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, NoReturn, TypeVar
 
-from . import _current, _serialize
-from ._ports import Gather, OneReply, Receiver, Stream
-from ._protocol import Kind
-from ._serialize import plain
+from ._core import current as _current
+from ._core import serialize as _serialize
+from ._core.ports import Gather, OneReply, Receiver, Stream
+from ._core.protocol import Kind
+from ._core.serialize import plain
 from .actor import EndpointInfo
 from .errors import SupervisionError
 from .future import Future

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from . import _current, _serialize
-from ._ports import Queue
-from ._protocol import Status
+from ._core import current as _current
+from ._core import serialize as _serialize
+from ._core.ports import Queue
+from ._core.protocol import Status
 from .future import Future
 
 __all__ = ["Channel", "Port", "PortReceiver"]

@@ -63,7 +63,7 @@ class Config:
             controller through PMIx (``MPIMESH_PMIX_EXIT_STATUS``, set by
             ``mpimesh run`` on Open MPI 5.0.9 and later together with
             ``PRTE_MCA_state_base_error_non_zero_exit=0``; see
-            ``mpimesh/_job_status.py``).
+            ``mpimesh/_roles/job_status.py``).
         wire: Who makes the frame path's MPI calls (``MPIMESH_WIRE``):
             ``auto`` (the native part when it was built for the loaded MPI,
             else mpi4py), ``native`` (fail at start-up if it cannot) or

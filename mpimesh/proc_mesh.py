@@ -8,9 +8,10 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
-from . import _current, _serialize
-from ._ports import Gather, OneReply
-from ._protocol import CONTROLLER, Kind
+from ._core import current as _current
+from ._core import serialize as _serialize
+from ._core.ports import Gather, OneReply
+from ._core.protocol import CONTROLLER, Kind
 from .actor import Actor, endpoint_table
 from .context import context
 from .future import Future
@@ -114,7 +115,7 @@ class ProcMesh(MeshTrait):
         port = (rt.addr, rt.ports.open(Gather(fut, f"{name}.__init__", shape, addrs, values=False)))
         instance = context().actor_instance
         creator = (instance.actor_id, rt.addr)
-        from ._runtime import Owned  # noqa: PLC0415 - keeps `import mpimesh` free of MPI
+        from ._core.runtime import Owned  # noqa: PLC0415 - keeps `import mpimesh` free of MPI
 
         rt.owned[key] = Owned(name, Class.__qualname__, tuple(addrs), shape, instance._cell)
         sizes = tuple(b.nbytes for b in buffers) or None

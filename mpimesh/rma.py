@@ -48,14 +48,16 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _buffers, _cma, _current
-from ._registry import registry as _registry
+from ._core import current as _current
+from ._data import buffers as _buffers
+from ._data import cma as _cma
+from ._data.registry import registry as _registry
 from .context import context
 from .errors import SupervisionError
 from .future import Future
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._core.runtime import Runtime
 
 __all__ = ["RDMABuffer", "RDMAAction"]
 
@@ -134,7 +136,7 @@ class RDMABuffer:
                 f"CUDA-aware ({support.library}); expose a host copy: host = tensor.cpu().pin_memory(); "
                 "RDMABuffer(host), refreshed with host.copy_(tensor), or " + support.fix()
             )
-        from ._windows import window
+        from ._data.windows import window
 
         rt = _current.current()
         win = window()
@@ -282,7 +284,7 @@ class RDMABuffer:
         if _force != "mpi" and h.host == rt.host and h.device == "cpu" and _cma.available() \
                 and h.pid not in _cma_refused:
             return "cma"
-        from ._windows import unavailable, window
+        from ._data.windows import unavailable, window
 
         win = window()
         if _force != "cma" and h.window and win is not None and win.reaches(h.owner):
@@ -413,7 +415,7 @@ class RDMABuffer:
 
     def _mpi(self, rt: Runtime, op: str, memory: _buffers.Memory, nbytes: int, timeout: float,
              fut: Future[None]) -> None:
-        from ._windows import Transfer, window
+        from ._data.windows import Transfer, window
 
         win = window()
         if win is None:  # _path() chose "mpi": there is one

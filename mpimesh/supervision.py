@@ -66,7 +66,7 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     ``mpimesh.unhandled_fault_hook = my_hook``.
     """
     print(f"mpimesh: unhandled failure, ending the job:\n{failure.report()}", file=sys.stderr, flush=True)
-    from . import _current
+    from ._core import current as _current
 
     rt = _current.current()
     if rt.controller is not None:

@@ -1,6 +1,6 @@
 /* post.c - the router's send path in C, for a frame that leaves at once.
  *
- * Router.send (mpimesh/_router.py) used to pickle a frame, then, under the
+ * Router.send (mpimesh/_transport/router.py) used to pickle a frame, then, under the
  * send lock, count it, look at its destination's coalescing state, start the
  * send and test it, ring a doorbell after a pause and reap the sends still
  * in flight: ~1 us of Python per frame, on each side of every round trip.

@@ -1,6 +1,6 @@
 /* pump.c - the router's receive path in C: receive, unpickle, dispatch.
  *
- * Router._poll_native (mpimesh/_router.py) used to do this in Python: probe
+ * Router._poll_native (mpimesh/_transport/router.py) used to do this in Python: probe
  * through wire_probe, unpickle, expand BATCH frames, take the raw buffers
  * that follow a frame, note who was heard from, then call each frame's
  * handler.  That was some thirty Python steps per frame, ~1 us on each side

@@ -16,7 +16,7 @@
  *   wire_isend(handle, data, dest, tag)  start a send, test it once.
  *
  * The MPI types come from the headers this was built with: the Python side
- * (mpimesh/_wire.py) binds only when the loaded library is of the same
+ * (mpimesh/_transport/native.py) binds only when the loaded library is of the same
  * vendor and major version, and otherwise keeps mpi4py's calls.
  */
 #ifndef _GNU_SOURCE

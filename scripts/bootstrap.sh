@@ -55,14 +55,14 @@ fi
 # venv, which pip's isolated build could not see.  The .so is built in place,
 # so venvs sharing this checkout share it: it is (re)built for the Open MPI
 # venv whenever it does not serve it, and a venv with another MPI falls back
-# to mpi4py's calls (see mpimesh/_wire.py).
+# to mpi4py's calls (see mpimesh/_transport/native.py).
 if [ "$MPI" = openmpi ] &&
-   ! "$VENV/bin/python" -c 'from mpimesh import _wire; raise SystemExit(not _wire.bind())' 2>/dev/null; then
+   ! "$VENV/bin/python" -c 'from mpimesh._transport import native; raise SystemExit(not native.bind())' 2>/dev/null; then
   echo "bootstrap: building mpimesh._native with $VENV/bin/mpicc"
   log=$(mktemp)
   if ! MPIMESH_MPICC="$VENV/bin/mpicc" "$VENV/bin/python" setup.py build_ext --inplace >"$log" 2>&1; then
     cat "$log" >&2
   fi
   rm -f "$log"
-  "$VENV/bin/python" -c 'from mpimesh import _wire; _wire.bind() or exit(f"bootstrap: {_wire.why_not}")'
+  "$VENV/bin/python" -c 'from mpimesh._transport import native; native.bind() or exit(f"bootstrap: {native.why_not}")'
 fi

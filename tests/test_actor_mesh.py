@@ -234,7 +234,7 @@ def test_broadcast_is_fifo_per_sender(echo: object) -> None:
 
 def test_pipelined_calls_keep_order_around_large_arrays(echo: object) -> None:
     """Calls issued without waiting travel in batches, in order, arrays included."""
-    from mpimesh import _current
+    from mpimesh._core import current as _current
     from mpimesh.config import settings
 
     one = echo.slice(gpus=0)  # type: ignore[attr-defined]
@@ -255,7 +255,7 @@ def test_pipelined_calls_keep_order_around_large_arrays(echo: object) -> None:
 
 def test_call_sites_keep_order_with_full_frames(echo: object) -> None:
     """Short SITE_CALL frames and full CALL frames (kwargs, arrays) to one actor stay in order."""
-    from mpimesh import _current
+    from mpimesh._core import current as _current
 
     rt = _current.current()
     one = echo.slice(gpus=0)  # type: ignore[attr-defined]
@@ -280,7 +280,7 @@ def test_call_sites_keep_order_with_full_frames(echo: object) -> None:
 class Sites(Actor):
     @endpoint
     def count(self) -> int:
-        from mpimesh import _current
+        from mpimesh._core import current as _current
 
         # sites naming this endpoint (the worker also hosts other tests' actors)
         return sum(site.method == "count" for site in _current.current().actors.sites.values())
@@ -407,8 +407,8 @@ def test_every_process_of_the_job_has_a_doorbell(echo: object) -> None:
     """Idle processes sleep on a FIFO that a sender after a pause rings (same host)."""
     import stat
 
-    from mpimesh import _current
-    from mpimesh._bell import bell_path
+    from mpimesh._core import current as _current
+    from mpimesh._transport.bell import bell_path
 
     rt = _current.current()
     for addr in {*echo._addrs, rt.addr}:  # type: ignore[attr-defined]

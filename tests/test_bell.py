@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mpimesh import _bell
-from mpimesh._bell import Bell, Ringer, bell_path
+from mpimesh._transport import bell as _bell
+from mpimesh._transport.bell import Bell, Ringer, bell_path
 
 
 @pytest.fixture

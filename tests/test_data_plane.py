@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from mpimesh import Actor, _buffers, _mpi, _serialize, context, endpoint, this_proc
+from mpimesh import Actor, context, endpoint, this_proc
+from mpimesh._core import serialize as _serialize
+from mpimesh._data import buffers as _buffers
+from mpimesh._transport import mpi as _mpi
 from mpimesh.config import settings
 
 BIG = settings.oob_threshold  # bytes: from here on, buffers travel out of band

@@ -6,7 +6,7 @@ import pickle
 import threading
 
 from mpimesh import ActorError, RemoteException, RemoteTraceback, SupervisionError
-from mpimesh._serialize import error_payload, raise_payload
+from mpimesh._core.serialize import error_payload, raise_payload
 
 
 class Unpicklable(Exception):

@@ -1,4 +1,4 @@
-"""Tests for mpimesh._launch_check: the world size must match the launcher's count.
+"""Tests for mpimesh._launch.world_check: the world size must match the launcher's count.
 
 Pure: no MPI is initialized. The environments below are the launcher
 variables measured on this project's machine (Slurm 22.05, PyPI Open MPI
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpimesh._launch_check import check_world_size, expected_world_size
+from mpimesh._launch.world_check import check_world_size, expected_world_size
 
 # ---------------------------------------------------------------------------
 # Environments as the launchers set them (measured, see module docstring).

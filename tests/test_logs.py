@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mpitest import mpiexec_cmd, python_cmd, run
 
-from mpimesh._logs import fold_labels
+from mpimesh._core.logs import fold_labels
 
 SCRIPT = """
 import logging, sys, time

@@ -67,7 +67,7 @@ class Owner(Actor):
 
     @endpoint
     def window(self) -> bool:
-        from mpimesh import _windows
+        from mpimesh._data import windows as _windows
 
         return _windows.window() is not None
 
@@ -352,7 +352,7 @@ OWNER_DIES = textwrap.dedent("""
 @pytest.mark.parametrize("launch", ["spawned", "mpirun2"])
 def test_reading_a_buffer_whose_owner_died_raises_supervision_error(tmp_path: object, launch: str) -> None:
     """The owner's death fails the read with SupervisionError (no hang, no garbage), pool or spawned."""
-    from mpimesh._mpi import library
+    from mpimesh._transport.mpi import library
 
     if not library().startswith("Open MPI"):
         pytest.skip("MPICH ends the whole job (controller included) when a process dies")
@@ -370,7 +370,8 @@ def test_reading_a_buffer_whose_owner_died_raises_supervision_error(tmp_path: ob
 
 MPI_PATH = textwrap.dedent("""
     import torch
-    from mpimesh import Actor, Channel, RDMABuffer, endpoint, rma, this_host, _current
+    from mpimesh._core import current as _current
+    from mpimesh import Actor, Channel, RDMABuffer, endpoint, rma, this_host
 
     N = 1 << 18
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpimesh import Actor, RDMABuffer, _buffers, _serialize, endpoint
+from mpimesh import Actor, RDMABuffer, endpoint
+from mpimesh._core import serialize as _serialize
+from mpimesh._data import buffers as _buffers
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -1,4 +1,4 @@
-"""The native frame path (``mpimesh._wire``, ``native/wire.c``) against real MPI.
+"""The native frame path (``mpimesh._transport.native``, ``native/wire.c``) against real MPI.
 
 The pure tests run in this process (an MPI singleton); the subprocess test
 runs a job with the native calls and one with mpi4py's, and checks that both
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from mpitest import mpiexec_cmd, python_cmd, run
 
-from mpimesh import _wire
-from mpimesh._mpi import MPI, library
+from mpimesh._transport import native as _wire
+from mpimesh._transport.mpi import MPI, library
 from mpimesh.config import load, settings
 
 TAG = 77
@@ -149,7 +149,8 @@ def test_the_setting_is_a_choice() -> None:
 
 SCRIPT = """
 import sys
-from mpimesh import Actor, endpoint, this_host, _current
+from mpimesh._core import current as _current
+from mpimesh import Actor, endpoint, this_host
 
 class Echo(Actor):
     @endpoint
@@ -440,7 +441,7 @@ ROUTER_ADDRS = pytest.mark.parametrize("addr", [(0, 0), (0, 1)], ids=["to-itself
 
 
 def _router(comm: MPI.Intracomm, handlers: dict, broken: list[str], addr: tuple[int, int] = (0, 0)) -> object:
-    from mpimesh._router import Router
+    from mpimesh._transport.router import Router
 
     router = Router(addr, handlers, broken=broken.append)
     router.add_island(comm, 0)
@@ -449,7 +450,7 @@ def _router(comm: MPI.Intracomm, handlers: dict, broken: list[str], addr: tuple[
 
 @ROUTER_ADDRS
 def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm, addr: tuple[int, int]) -> None:
-    from mpimesh._protocol import Kind
+    from mpimesh._core.protocol import Kind
 
     seen: list[object] = []
     broken: list[str] = []
@@ -470,7 +471,7 @@ def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm, 
 
 @ROUTER_ADDRS
 def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm, addr: tuple[int, int]) -> None:
-    from mpimesh._protocol import Kind
+    from mpimesh._core.protocol import Kind
 
     ticks: list[float] = []
     router = _router(comm, {Kind.FAULT: lambda s, f, b: None, Kind.PING: lambda s, f, b: None}, [], addr)
@@ -490,8 +491,8 @@ def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm, addr: tuple[int, i
 @pytest.mark.parametrize("wire", ["native", "mpi4py"])
 def test_a_heartbeat_rings_no_doorbell(comm: MPI.Intracomm, wire: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """send_quiet: no ring, no sent_at, and the next frame after a pause still rings (it wakes the sleeper)."""
-    from mpimesh._bell import RING_AFTER
-    from mpimesh._protocol import Kind
+    from mpimesh._core.protocol import Kind
+    from mpimesh._transport.bell import RING_AFTER
 
     if wire == "mpi4py":
         monkeypatch.setattr(_wire, "isend", None)

@@ -17,11 +17,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import _serialize
-from ._protocol import Status
-from .errors import ActorError, RemoteException, SupervisionError
-from .future import Future
-from .shape import Shape
+from ..errors import ActorError, RemoteException, SupervisionError
+from ..future import Future
+from ..shape import Shape
+from . import serialize as _serialize
+from .protocol import Status
 
 __all__ = ["PortTable", "Receiver", "OneReply", "Gather", "Stream", "Queue", "decode"]
 
@@ -175,7 +175,7 @@ class Gather(Receiver):
         if not self.values:
             self.future.set_result(None)
             return
-        from .value_mesh import ValueMesh
+        from ..value_mesh import ValueMesh
 
         self.future.set_result(ValueMesh(self.shape, self.results))
 

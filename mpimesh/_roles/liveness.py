@@ -29,11 +29,11 @@ import tempfile
 import time
 from typing import IO, TYPE_CHECKING
 
-from ._protocol import Kind
-from .config import settings
+from .._core.protocol import Kind
+from ..config import settings
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from .._core.runtime import Runtime
 
 __all__ = ["Liveness", "last_words_path", "start_last_words", "job_dir"]
 

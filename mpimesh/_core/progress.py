@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from .config import settings
+from ..config import settings
 
 if TYPE_CHECKING:
-    from ._bell import Bell
+    from .._transport.bell import Bell
 
 __all__ = ["Progress", "Waitable"]
 

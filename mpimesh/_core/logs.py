@@ -22,11 +22,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ._protocol import CONTROLLER, Kind
-from .config import settings
+from ..config import settings
+from .protocol import CONTROLLER, Kind
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from .runtime import Runtime
 
 __all__ = ["Forwarder", "Printer", "install_forwarders", "label"]
 
@@ -35,7 +35,7 @@ Addr = tuple[int, int]
 
 def label(addr: Addr) -> str:
     """Who is writing: ``mesh[rank]`` inside an actor, ``worker island.rank`` outside."""
-    from .context import context
+    from ..context import context
 
     instance = context().actor_instance
     if instance._cell is None:

@@ -39,8 +39,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from ._mpi import fault_tolerant, library
-from .config import settings
+from .._transport.mpi import fault_tolerant, library
+from ..config import settings
 
 __all__ = ["set_job_exit_status"]
 

@@ -21,16 +21,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _serialize
-from ._protocol import Frame, Key, Kind, Status
-from .context import Context, Instance, _current
-from .errors import MeshInternalError
-from .shape import Extent, Point
+from ..context import Context, Instance, _current
+from ..errors import MeshInternalError
+from ..shape import Extent, Point
+from . import serialize as _serialize
+from .protocol import Frame, Key, Kind, Status
 
 if TYPE_CHECKING:
     import asyncio
 
-    from ._runtime import Runtime
+    from .runtime import Runtime
 
 __all__ = ["ActorHost"]
 
@@ -250,7 +250,7 @@ class _Cell:
                 found = self._bind(method)
             fn, explicit_port = found
             if explicit_port:
-                from .channel import Port as PortObject
+                from ..channel import Port as PortObject
 
                 args = (PortObject(port, index),) + tuple(args)
                 port = None  # the method answers through its port

@@ -15,14 +15,14 @@ import threading
 import time
 import traceback
 
-from . import _runtime
-from ._job_status import set_job_exit_status
-from ._liveness import stop_last_words
-from ._logs import drain_all, install_forwarders
-from ._mpi import MPI, library
-from ._protocol import Kind
-from ._router import CONTROLLER
-from .config import settings
+from .._core import runtime as _runtime
+from .._core.logs import drain_all, install_forwarders
+from .._core.protocol import Kind
+from .._transport.mpi import MPI, library
+from .._transport.router import CONTROLLER
+from ..config import settings
+from .job_status import set_job_exit_status
+from .liveness import stop_last_words
 
 __all__ = ["main_pool", "main_spawned", "serve"]
 

@@ -18,19 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _serialize
-from ._job_status import set_job_exit_status
-from ._logs import Printer
-from ._mpi import MPI, fault_tolerant, library
-from ._ports import Gather
-from ._protocol import Frame, Kind, Status
-from .config import settings
-from .future import Future
-from .shape import Shape
-from .supervision import current_hook
+from .._core import serialize as _serialize
+from .._core.logs import Printer
+from .._core.ports import Gather
+from .._core.protocol import Frame, Kind, Status
+from .._transport.mpi import MPI, fault_tolerant, library
+from ..config import settings
+from ..future import Future
+from ..shape import Shape
+from ..supervision import current_hook
+from .job_status import set_job_exit_status
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from .._core.runtime import Runtime
 
 __all__ = ["Controller", "ProcInfo"]
 
@@ -78,7 +78,7 @@ class Controller:
 
     def start(self) -> None:
         """Start watching the pool and the background progress thread."""
-        from ._liveness import Liveness
+        from .liveness import Liveness
 
         if not self.procs:
             _remove_stale_sessions()
@@ -313,7 +313,7 @@ class Controller:
             print(f"mpimesh: failure during shutdown:\n{failure.report()}", file=sys.stderr, flush=True)
 
     def _run_hook(self, failure: Any) -> None:
-        from .supervision import default_unhandled_fault_hook
+        from ..supervision import default_unhandled_fault_hook
 
         hook = current_hook()
         try:

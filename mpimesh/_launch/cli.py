@@ -45,7 +45,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from ._discover import MpiLibrary, find_mpiexec, no_mpiexec_message, probe_library, query_tool
+from .discover import MpiLibrary, find_mpiexec, no_mpiexec_message, probe_library, query_tool
 
 __all__ = ["main"]
 
@@ -204,7 +204,7 @@ _ROOT_VARS = (
 # os._exit(1) of a 7-rank job the whole job ended with status 1), and the
 # processes a pool without room spawns must survive a dead sibling like the
 # launch pool does.  With error_non_zero_exit=0 PRRTE drops every rank's exit
-# status, so the controller hands its own to PRRTE (mpimesh/_job_status.py),
+# status, so the controller hands its own to PRRTE (mpimesh/_roles/job_status.py),
 # which Open MPI's PRRTE records from 5.0.9 on (PRRTE 3.0.12).
 ULFM_RUNTIME = {
     "PRTE_MCA_state_base_error_non_zero_exit": "0",

@@ -21,7 +21,7 @@ import os
 import select
 import stat
 
-from ._liveness import job_dir
+from .._roles.liveness import job_dir
 
 __all__ = ["Bell", "Ringer", "RING_AFTER", "bell_path"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from .runtime import Runtime
 
 __all__ = ["current"]
 
@@ -23,6 +23,6 @@ def current() -> Runtime:
     rt = runtime
     if rt is not None:
         return rt
-    from ._runtime import current as boot
+    from .runtime import current as boot
 
     return boot()

@@ -15,12 +15,12 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import _buffers
+from . import buffers as _buffers
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ._windows import Window
+    from .windows import Window
 
 __all__ = ["Entry", "Registry", "registry"]
 
@@ -72,7 +72,7 @@ class Registry:
             token = int.from_bytes(os.urandom(8), "little") | 1
             self.slabs[slot[0]][slot[1]] = token
         if memory.device == "cpu" and not memory.readonly:
-            from ._cma import prefer_huge_pages
+            from .cma import prefer_huge_pages
 
             prefer_huge_pages(memory.addr, memory.nbytes)
         attached = False
@@ -100,7 +100,7 @@ class Registry:
             self.slabs[entry.slot[0]][entry.slot[1]] = 0
             self.free.append(entry.slot)
         if entry.attached:
-            from ._windows import window
+            from .windows import window
 
             win = window()
             if win is not None:

@@ -49,11 +49,12 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from . import _buffers, _wire
-from ._bell import RING_AFTER
-from ._mpi import MPI
-from ._protocol import CONTROLLER, NAMES, TAG_DATA, TAG_FRAME, Frame, Kind
-from .config import settings
+from .._core.protocol import CONTROLLER, NAMES, TAG_DATA, TAG_FRAME, Frame, Kind
+from .._data import buffers as _buffers
+from ..config import settings
+from . import native as _wire
+from .bell import RING_AFTER
+from .mpi import MPI
 
 __all__ = ["Addr", "Router", "CONTROLLER"]
 
@@ -184,7 +185,7 @@ class Router:
         # The native receive path (native/pump.c), with the native frame path.
         self._pump: Any = None
         if _wire.probe is not None:
-            from . import _native
+            from .. import _native
 
             on_error = self._handler_failed if broken is not None else None
             self._pump = _native.Pump(

@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._discover import parse_library_version
-from ._mpi import MPI, library, loaded_libmpi
-from .config import settings
+from .._launch.discover import parse_library_version
+from ..config import settings
+from .mpi import MPI, library, loaded_libmpi
 
 __all__ = ["bind", "probe", "isend", "same_mpi", "why_not"]
 
@@ -76,7 +76,7 @@ def _try_bind() -> str:
     if settings.wire == "mpi4py":
         return "MPIMESH_WIRE=mpi4py"
     try:
-        from . import _native
+        from .. import _native
     except ImportError as exc:
         return f"mpimesh._native is not built ({exc}); reinstall with MPIMESH_MPICC=/path/to/mpicc"
     if not all(hasattr(_native, name) for name in ("wire_bind", "Pump", "Sender", "Out")):

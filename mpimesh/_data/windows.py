@@ -33,13 +33,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _buffers
-from ._mpi import MPI
-from .config import settings
+from .._transport.mpi import MPI
+from ..config import settings
+from . import buffers as _buffers
 
 if TYPE_CHECKING:
-    from ._router import Router
-    from .future import Future
+    from .._transport.router import Router
+    from ..future import Future
 
 __all__ = ["Transfer", "Window", "mode", "open_island", "window", "unavailable"]
 
@@ -115,7 +115,7 @@ def open_island(router: Router, comm: MPI.Intracomm, island: int) -> None:
     global _window, _why_not
     how = mode()
     if how == "auto":
-        from ._mpi import hostname
+        from .._transport.mpi import hostname
 
         if len(set(comm.allgather(hostname()))) == 1:
             _why_not = "its island runs on one host, where same-host copies serve (MPIMESH_RMA_WINDOWS=auto)"

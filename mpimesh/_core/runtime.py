@@ -4,7 +4,7 @@ Every process of a job (controller, launch-pool worker, spawned worker) runs
 one :class:`Runtime`.  It owns the dispatch table from message kinds to
 handlers (``_protocol.HANDLERS``), answers calls, and holds what the rest of
 the package needs to send: this process's address and a fresh-id counter.
-The controller adds a :class:`~mpimesh._controller.Controller` for process
+The controller adds a :class:`~mpimesh._roles.controller.Controller` for process
 management; workers run ``_worker.serve``.
 """
 
@@ -19,24 +19,26 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _current, _serialize, future
-from ._actor_host import ActorHost
-from ._liveness import start_last_words
-from ._mpi import MPI, hostname
-from ._ports import PortTable
-from ._progress import Progress, Waitable
-from ._protocol import HANDLERS, NAMES, Frame, Key, Kind, Status
-from ._router import CONTROLLER, Addr, Router
-from .config import settings
-from .errors import MeshInternalError
-from .supervision import MeshFailure
+from .. import future
+from .._roles.liveness import start_last_words
+from .._transport.mpi import MPI, hostname
+from .._transport.router import CONTROLLER, Addr, Router
+from ..config import settings
+from ..errors import MeshInternalError
+from ..supervision import MeshFailure
+from . import current as _current
+from . import serialize as _serialize
+from .actors import ActorHost
+from .ports import PortTable
+from .progress import Progress, Waitable
+from .protocol import HANDLERS, NAMES, Frame, Key, Kind, Status
 
 if TYPE_CHECKING:
-    from ._actor_host import _Cell
-    from ._bell import Ringer
-    from ._controller import Controller
-    from ._liveness import Liveness
-    from .shape import Shape
+    from .._roles.controller import Controller
+    from .._roles.liveness import Liveness
+    from .._transport.bell import Ringer
+    from ..shape import Shape
+    from .actors import _Cell
 
 __all__ = ["Runtime", "current", "boot_controller", "debug"]
 
@@ -302,7 +304,7 @@ class Runtime:
 
     def open_bell(self) -> None:
         """Sleep on a doorbell and ring peers' (``_bell``); needs the controller's pid."""
-        from ._bell import Bell, Ringer, bell_path
+        from .._transport.bell import Bell, Ringer, bell_path
 
         try:
             bell = Bell(bell_path(self.controller_pid, self.addr))
@@ -396,8 +398,8 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Runtime:
 
     Collective over ``world``: the pool workers call ``_worker.boot_pool``.
     """
-    from ._controller import Controller
-    from ._windows import open_island
+    from .._data.windows import open_island
+    from .._roles.controller import Controller
 
     rt = Runtime(CONTROLLER, "controller")
     comm = world.Dup()
@@ -416,7 +418,7 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Runtime:
 
 def boot_pool(world: MPI.Intracomm) -> Runtime:
     """Start a launch-pool worker runtime; collective with :func:`boot_controller`."""
-    from ._windows import open_island
+    from .._data.windows import open_island
 
     rt = Runtime((0, world.Get_rank()), "worker")
     comm = world.Dup()
@@ -437,7 +439,7 @@ def boot_pool(world: MPI.Intracomm) -> Runtime:
 
 def boot_spawned(island: int) -> Runtime:
     """Start a spawned worker runtime and wait for the controller's INIT."""
-    from ._windows import open_island
+    from .._data.windows import open_island
 
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:

@@ -18,9 +18,9 @@ from typing import Any
 
 import cloudpickle
 
-from . import _buffers
-from .config import settings
-from .errors import ActorError, RemoteException, RemoteTraceback
+from .._data import buffers as _buffers
+from ..config import settings
+from ..errors import ActorError, RemoteException, RemoteTraceback
 
 __all__ = ["ATOMS", "dumps", "loads", "plain", "ErrorPayload", "error_payload", "raise_payload", "describe"]
 

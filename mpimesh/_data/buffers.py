@@ -473,13 +473,13 @@ def cuda_support() -> CudaSupport:
     global _cuda
     if _cuda is not None:
         return _cuda
-    from ._mpi import library, loaded_libmpi
+    from .._transport.mpi import library, loaded_libmpi
 
     lib = library().strip("\x00 ")
     path = loaded_libmpi()
     compile_time: bool | None = None
     try:
-        from . import _native
+        from .. import _native
     except ImportError:
         native = None
     else:

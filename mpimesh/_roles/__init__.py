@@ -1,0 +1,1 @@
+"""What differs between rank 0 (the controller) and the other ranks (workers): boot, liveness, exit."""

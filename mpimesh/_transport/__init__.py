@@ -1,0 +1,1 @@
+"""Frames over MPI: the MPI library handle, the router and its native twin, doorbells."""
