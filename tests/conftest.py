@@ -8,13 +8,9 @@ run: the controller is embedded and spawns its workers.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def world_size() -> int:
