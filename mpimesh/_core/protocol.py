@@ -1,87 +1,55 @@
-"""The wire protocol: message kinds, their handlers and the MPI tags.
+"""The wire protocol: one table of message kinds, one constructor per kind.
 
-Every frame is a pickled tuple ``(kind, bufsizes, *fields)``.  ``bufsizes`` is
-``None`` or a tuple of byte counts: that many raw buffers follow the frame on
-``TAG_DATA`` from the same sender, posted atomically with it, so the receiver
-takes them right after the frame (MPI does not reorder messages between one
-sender and one receiver on one tag).
+Every frame is a pickled tuple ``(kind, bufsizes, *fields)`` (see
+``mpimesh._transport.frames``).  Each kind is declared once, below, in the
+manner of execnet's ``Message`` table: its code, its fields by name, the one
+function that builds it, and who handles it.  Senders build frames only with
+these constructors; handlers unpack them by name on their first line::
 
-All kinds are listed once, here, with the name of the runtime method that
-handles them (``Runtime._on_<name>``), in the manner of execnet's ``Message``.
+    _, _, key, method, args, reply_port, point, *site = frame
+
+Frames stay plain tuples on the wire (a class would cost a pickle of its
+reference per frame); the constructors are what keeps their layouts in one
+place.  A kind's fields are documented on its constructor.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
-#: A frame on the wire: ``(kind, bufsizes, *fields)``.
-Frame = tuple[Any, ...]
+from .._transport.frames import BATCH, CONTROLLER, FORWARD, PING, TAG_DATA, TAG_FRAME, Addr, Frame
+
 #: Job-wide unique id of an actor mesh: ``(island, rank, counter)`` of its spawner.
 Key = tuple[int, int, int]
+#: A reply port's address: ``(owner's address, port id)``.
+PortRef = tuple[Addr, int]
 
-__all__ = ["CONTROLLER", "Frame", "Key", "Kind", "TAG_FRAME", "TAG_DATA", "HANDLERS", "NAMES", "Status"]
-
-#: The controller's address ``(island, rank)``.
-CONTROLLER = (0, 0)
-
-#: Tag of pickled control frames.
-TAG_FRAME = 0x6D6D
-#: Tag of raw out-of-band buffers that follow a frame.
-TAG_DATA = 0x6D6E
+__all__ = [
+    "CONTROLLER", "Frame", "Key", "KINDS", "Kind", "NAMES", "PortRef", "Spec", "Status", "TAG_DATA", "TAG_FRAME",
+    "batch", "bye", "call", "dead", "describe", "fault", "forward", "hello", "init", "log", "ping", "procs", "reply",
+    "shutdown", "site_call", "spawn", "stop",
+]
 
 
 class Kind:
-    """Message kinds, one per handler.
+    """Message kinds (plain ints: an ``IntEnum`` member pickles as a class reference, per frame)."""
 
-    Plain ints, not an ``IntEnum``: an enum member pickles as a reference to
-    its class and costs ~1 us more to pickle and to unpickle, per frame.
-    """
-
-    #: controller -> spawned worker: (island, controller host, controller pid, sys.path)
     INIT: Final = 1
-    #: worker -> controller: (host, pid)
     HELLO: Final = 2
-    #: any -> worker: create an actor: (actor_key, name, point, is_async, body, reply_port, creator, sys_path)
     SPAWN: Final = 3
-    #: any -> actor: (actor_key, method, args, reply_port | None, message_point[, site]); args
-    #: is ``(args, kwargs)`` itself when plain data, else their pickle.  A trailing ``site``
-    #: (a job-wide unique int) registers actor, method, caller and point as a call site
-    #: that later calls from the same process may name instead (SITE_CALL)
     CALL: Final = 4
-    #: any -> port owner: (port_id, index, status, body)
     REPLY: Final = 5
-    #: any -> actor: drain, run __cleanup__, answer: (actor_key, reply_port, index)
     STOP: Final = 6
-    #: controller -> worker: stop every actor, say BYE, exit: (exit_code,)
     SHUTDOWN: Final = 7
-    #: worker -> controller: the worker has stopped its actors and is leaving: ()
     BYE: Final = 8
-    #: any -> controller: relay the inner frame to dest: (dest, frame_bytes)
-    FORWARD: Final = 9
-    #: worker -> controller: allocate processes for an actor: (per_host, reply_port, owner)
+    FORWARD: Final = FORWARD
     PROCS: Final = 10
-    #: controller <-> worker liveness: (sequence, sent_time)
-    PING: Final = 11
-    #: actor's process -> its spawner's process: the actor failed: (actor_key, rank, report)
+    PING: Final = PING
     FAULT: Final = 12
-    #: controller -> every process: a process has died: (addr, report)
     DEAD: Final = 13
-    #: worker -> controller: output lines: (stream 1|2, [(label, text), ...])
     LOG: Final = 14
-    #: any -> any: several frames to one process in one message: ([frame_bytes, ...],)
-    BATCH: Final = 15
-    #: any -> actor: a CALL through a registered call site, plain positional arguments
-    #: only: (site, reply_port_id, args).  It travels the same path as the CALL that
-    #: registered the site, so it cannot overtake it (MPI keeps per-pair order)
+    BATCH: Final = BATCH
     SITE_CALL: Final = 16
-
-
-#: kind -> its name, for messages.
-NAMES: dict[int, str] = {v: k for k, v in vars(Kind).items() if type(v) is int}
-
-#: kind -> handler method name on the runtime (CALL, SITE_CALL and REPLY go
-#: straight to the actor host and the port table instead, see Runtime).
-HANDLERS: dict[int, str] = {kind: "_on_" + name.lower() for kind, name in NAMES.items()}
 
 
 class Status:
@@ -89,9 +57,204 @@ class Status:
 
     #: body is the pickled value
     OK: Final = 0
-    #: body is a pickled error payload (see ``_serialize.ErrorPayload``)
+    #: body is a pickled error payload (see ``serialize.ErrorPayload``)
     ERROR: Final = 1
     #: the sender will never answer (failed process or actor); body is a report
     FAILED: Final = 2
-    #: body is the value itself, plain data pickled with the frame (see ``_serialize.plain``)
+    #: body is the value itself, plain data pickled with the frame (see ``serialize.plain``)
     VALUE: Final = 3
+
+
+class Spec(NamedTuple):
+    """One row of the protocol table."""
+
+    name: str
+    #: the frame's fields after ``(kind, bufsizes)``, in order
+    fields: tuple[str, ...]
+    #: who handles it, as ``"module.Class.method"`` under ``mpimesh``
+    handler: str
+
+
+# --- the table: kind, fields, constructor, handler ------------------------------------------------
+
+_INIT, _HELLO, _SPAWN, _CALL, _REPLY, _STOP = Kind.INIT, Kind.HELLO, Kind.SPAWN, Kind.CALL, Kind.REPLY, Kind.STOP
+_SHUTDOWN, _BYE, _PROCS, _FAULT, _DEAD, _LOG = Kind.SHUTDOWN, Kind.BYE, Kind.PROCS, Kind.FAULT, Kind.DEAD, Kind.LOG
+_SITE_CALL = Kind.SITE_CALL
+
+KINDS: dict[int, Spec] = {}
+
+
+def _declare(kind: int, name: str, fields: str, handler: str) -> None:
+    KINDS[kind] = Spec(name, tuple(fields.split()), handler)
+
+
+_declare(_INIT, "INIT", "island controller_host controller_pid sys_path", "_core.runtime.Runtime.on_init")
+
+
+def init(island: int, controller_host: str, controller_pid: int, sys_path: list[str]) -> Frame:
+    """Controller -> a freshly spawned worker: its island, the controller's host and pid, ``sys.path``."""
+    return (_INIT, None, island, controller_host, controller_pid, sys_path)
+
+
+_declare(_HELLO, "HELLO", "host pid", "_roles.controller.Controller.on_hello")
+
+
+def hello(host: str, pid: int) -> Frame:
+    """Worker -> controller, once at start: where the worker runs."""
+    return (_HELLO, None, host, pid)
+
+
+_declare(_SPAWN, "SPAWN", "key name point is_async body reply_port creator sys_path", "_core.actors.ActorHost.on_spawn")
+
+
+def spawn(bufsizes: tuple[int, ...] | None, key: Key, name: str, point: Any, is_async: bool, body: bytes,
+          reply_port: PortRef, creator: tuple[Addr, Addr], sys_path: list[str]) -> Frame:
+    """Any -> worker: create one actor of mesh ``key`` at ``point`` from the pickled ``body``.
+
+    ``creator`` is ``(creating process, spawning process)``; the actor's
+    failures go to the second.  The actor answers on ``reply_port`` once its
+    ``__init__`` has run.
+    """
+    return (_SPAWN, bufsizes, key, name, point, is_async, body, reply_port, creator, sys_path)
+
+
+_declare(_CALL, "CALL", "key method args reply_port point site?", "_core.actors.ActorHost.on_call")
+
+
+def call(bufsizes: tuple[int, ...] | None, key: Key, method: str, args: Any, reply_port: PortRef | None,
+         point: Any) -> Frame:
+    """Any -> actor: call ``method`` of the actor of mesh ``key`` at ``point``.
+
+    ``args`` is ``(args, kwargs)`` itself when plain data (see
+    ``serialize.plain``), else their pickle.  ``reply_port`` is ``None`` for a
+    broadcast.  ``point`` is the message's ``(rank, extent)`` in the mesh the
+    caller addressed (``context().message_rank``).
+    """
+    return (_CALL, bufsizes, key, method, args, reply_port, point)
+
+
+def call_registering(bufsizes: tuple[int, ...] | None, key: Key, method: str, args: Any, reply_port: PortRef,
+                     point: Any, site: int) -> Frame:
+    """A CALL that also registers a call site for later SITE_CALLs from the same caller.
+
+    ``site`` is a job-wide unique int naming (actor, method, caller, point),
+    so that later calls name it instead of repeating them.
+    """
+    return (_CALL, bufsizes, key, method, args, reply_port, point, site)
+
+
+_declare(_REPLY, "REPLY", "port_id index status body", "_core.ports.PortTable.on_reply")
+
+
+def reply(bufsizes: tuple[int, ...] | None, port_id: int, index: int, status: int, body: Any) -> Frame:
+    """Any -> port owner: the ``index``-th answer on port ``port_id``, read as ``status`` says."""
+    return (_REPLY, bufsizes, port_id, index, status, body)
+
+
+_declare(_STOP, "STOP", "key reply_port index reason", "_core.actors.ActorHost.on_stop")
+
+
+def stop(key: Key | None, reply_port: PortRef | None, index: int, reason: str) -> Frame:
+    """Any -> worker: drain the actor of mesh ``key`` (every actor when ``None``), run ``__cleanup__``, answer."""
+    return (_STOP, None, key, reply_port, index, reason)
+
+
+_declare(_SHUTDOWN, "SHUTDOWN", "exit_code", "_core.runtime.Runtime.on_shutdown")
+
+
+def shutdown(exit_code: int) -> Frame:
+    """Controller -> worker: stop every actor, say BYE, exit with ``exit_code``."""
+    return (_SHUTDOWN, None, exit_code)
+
+
+_declare(_BYE, "BYE", "stuck", "_roles.controller.Controller.on_bye")
+
+
+def bye(stuck: int) -> Frame:
+    """Worker -> controller: the worker is leaving; ``stuck`` sends could not complete."""
+    return (_BYE, None, stuck)
+
+
+_declare(FORWARD, "FORWARD", "dest frame_bytes", "_roles.controller.Controller.on_forward")
+
+
+def forward(bufsizes: tuple[int, ...] | None, dest: Addr, frame_bytes: bytes) -> Frame:
+    """Any -> controller: relay the pickled inner frame to ``dest`` (between islands)."""
+    return (FORWARD, bufsizes, dest, frame_bytes)
+
+
+_declare(_PROCS, "PROCS", "op arg reply_port", "_roles.controller.Controller.on_procs")
+
+
+def procs(op: str, arg: Any, reply_port: PortRef) -> Frame:
+    """Worker -> controller: ``"alloc"`` ``arg`` processes, or ``"release"`` ``(addrs, reason)``."""
+    return (_PROCS, None, op, arg, reply_port)
+
+
+_declare(PING, "PING", "sequence", "_core.runtime.Runtime.on_ping")
+
+
+def ping(sequence: int) -> Frame:
+    """Controller <-> worker heartbeat; the worker echoes it."""
+    return (PING, None, sequence)
+
+
+_declare(_FAULT, "FAULT", "key rank report", "_core.runtime.Runtime.on_fault")
+
+
+def fault(key: Key, rank: int, report: str) -> Frame:
+    """Actor's process -> its spawner's process: the actor at ``rank`` of mesh ``key`` failed."""
+    return (_FAULT, None, key, rank, report)
+
+
+_declare(_DEAD, "DEAD", "addr report", "_core.runtime.Runtime.on_dead")
+
+
+def dead(addr: Addr, report: str) -> Frame:
+    """Controller -> every process: the process at ``addr`` has died."""
+    return (_DEAD, None, addr, report)
+
+
+_declare(_LOG, "LOG", "stream lines", "_roles.controller.Controller.on_log")
+
+
+def log(stream: int, lines: list[tuple[str, str]]) -> Frame:
+    """Worker -> controller: output lines ``(label, text)`` of stream 1 (stdout) or 2 (stderr)."""
+    return (_LOG, None, stream, lines)
+
+
+_declare(BATCH, "BATCH", "frames", "_transport.router.Router (expanded on receipt)")
+
+
+def batch(frames: list[bytes]) -> Frame:
+    """Any -> any: several pickled frames to one process in one message."""
+    return (BATCH, None, frames)
+
+
+_declare(_SITE_CALL, "SITE_CALL", "site port_id args", "_core.actors.ActorHost.on_site_call")
+
+
+def site_call(site: int, port_id: int, args: tuple[Any, ...]) -> Frame:
+    """Any -> actor: a CALL through a registered call site, plain positional arguments only.
+
+    It travels the path of the CALL that registered ``site``, so it cannot
+    overtake it (MPI keeps per-pair order).
+    """
+    return (_SITE_CALL, None, site, port_id, args)
+
+
+#: kind -> its name, for messages.
+NAMES: dict[int, str] = {kind: spec.name for kind, spec in KINDS.items()}
+
+
+def describe(frame: Frame) -> str:
+    """A frame with its fields named, for traces and internal errors."""
+    spec = KINDS.get(frame[0])
+    if spec is None:
+        return f"unknown frame {frame!r}"
+    fields = ", ".join(f"{name.rstrip('?')}={value!r}" for name, value in zip(spec.fields, frame[2:], strict=False))
+    return f"{spec.name}({fields})"
+
+
+# Transitional: the runtime still looks its handlers up by name (Runtime._on_<name>).
+HANDLERS: dict[int, str] = {kind: "_on_" + spec.name.lower() for kind, spec in KINDS.items()}

@@ -1,0 +1,40 @@
+"""What the transport knows of a frame: addresses, tags, and the kinds it handles itself.
+
+Every frame is a pickled tuple ``(kind, bufsizes, *fields)``.  ``bufsizes`` is
+``None`` or a tuple of byte counts: that many raw buffers follow the frame on
+:data:`TAG_DATA` from the same sender, posted atomically with it, so the
+receiver takes them right after the frame (MPI does not reorder messages
+between one sender and one receiver on one tag).
+
+The router reads only ``kind`` and ``bufsizes``, and opens the three kinds it
+handles itself (``BATCH``, ``FORWARD``, ``PING``).  Every other kind, with its
+fields, is declared in ``mpimesh._core.protocol``, which imports the codes
+below so that each kind has one number.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+__all__ = ["Addr", "BATCH", "CONTROLLER", "FORWARD", "Frame", "PING", "TAG_DATA", "TAG_FRAME"]
+
+#: A process's address ``(island, rank)``: island 0 is the launch world, island
+#: ``k > 0`` the ``k``-th set of processes created with ``MPI_Comm_spawn``.
+Addr = tuple[int, int]
+#: A frame on the wire: ``(kind, bufsizes, *fields)``.
+Frame = tuple[Any, ...]
+
+#: The controller's address.
+CONTROLLER: Final[Addr] = (0, 0)
+
+#: Tag of pickled control frames.
+TAG_FRAME: Final = 0x6D6D
+#: Tag of raw out-of-band buffers that follow a frame.
+TAG_DATA: Final = 0x6D6E
+
+#: any -> controller: relay the inner frame to ``dest``: ``(dest, frame_bytes)``.
+FORWARD: Final = 9
+#: controller <-> worker heartbeat: ``(sequence,)``; it rings no doorbell.
+PING: Final = 11
+#: any -> any: several frames to one process in one message: ``([frame_bytes, ...],)``.
+BATCH: Final = 15
