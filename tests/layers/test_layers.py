@@ -13,7 +13,8 @@ to bottom:
 - ``_transport``: frames over MPI;
 - value leaves (``shape value_mesh future errors context supervision config``).
 
-``_launch`` runs before MPI is initialised and imports none of the runtime.
+``_launch`` runs before MPI is initialised and imports none of the runtime;
+its pure helpers (parsing an MPI library's version string) may be used below.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma"}
 #: layer -> the layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
     "leaf": set(),
-    "_transport": {"leaf"},
-    "_data": {"_transport", "leaf"},
-    "_core": {"_data", "_transport", "leaf"},
-    "_roles": {"_core", "_data", "_transport", "leaf"},
+    "_transport": {"_launch", "leaf"},
+    "_data": {"_transport", "_launch", "leaf"},
+    "_core": {"_data", "_transport", "_launch", "leaf"},
+    "_roles": {"_core", "_data", "_transport", "_launch", "leaf"},
     "public": {"_core", "_data", "leaf"},
     "_launch": {"leaf"},
     "__init__": {"public", "leaf"},
