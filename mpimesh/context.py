@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .errors import MeshInternalError
 from .shape import Extent, Point
 
-if TYPE_CHECKING:
-    from .proc_mesh import ProcMesh
-
 __all__ = ["Context", "Instance", "context", "current_rank", "current_size", "current_actor_name"]
+
+# Installed by ``proc_mesh`` when it is imported (this module imports nothing
+# above the value leaves): the calling process as a 0-dimensional ProcMesh.
+_this_proc: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -23,7 +26,7 @@ class Instance:
         name: the actor mesh's name (``"client"`` for the controller script).
         class_name: the actor class's qualified name.
         actor_id: a unique id, ``name[rank]@island.rank``.
-        proc_mesh: the process mesh the actor was spawned on (a reference).
+        proc_mesh: the :class:`ProcMesh` the actor was spawned on (a reference).
         creator: the actor id of whoever spawned it.
     """
 
@@ -31,22 +34,22 @@ class Instance:
     name: str
     class_name: str
     actor_id: str
-    proc_mesh: ProcMesh | None = None
+    proc_mesh: Any = None
     creator: str | None = None
-    _cell: Any = field(default=None, repr=False)
+    _actor: Any = field(default=None, repr=False)
 
     @property
-    def proc(self) -> ProcMesh:
-        """The singleton process mesh of this actor's process."""
-        from .proc_mesh import this_proc
-
-        return this_proc()
+    def proc(self) -> Any:
+        """The singleton :class:`ProcMesh` of this actor's process."""
+        if _this_proc is None:
+            raise MeshInternalError("mpimesh.context is in use but mpimesh.proc_mesh was never imported")
+        return _this_proc()
 
     def stop(self, reason: str = "stopped by itself") -> None:
         """Stop this actor after the current message (``__cleanup__`` runs)."""
-        if self._cell is None:
+        if self._actor is None:
             raise RuntimeError(f"cannot stop {self.actor_id}: it is the controller script, not an actor")
-        self._cell.request_stop(reason)
+        self._actor.request_stop(reason)
 
 
 @dataclass
@@ -59,7 +62,8 @@ class Context:
 
 _UNITY = Point(0, Extent((), ()))
 _ROOT = Context(Instance(_UNITY, "client", "client", "client"), _UNITY)
-_current: contextvars.ContextVar[Context] = contextvars.ContextVar("mpimesh_context", default=_ROOT)
+#: Set by the actor host around each message (``mpimesh._core.actors``).
+_context_var: contextvars.ContextVar[Context] = contextvars.ContextVar("mpimesh_context", default=_ROOT)
 
 
 def context() -> Context:
@@ -68,19 +72,19 @@ def context() -> Context:
     Outside any actor (the controller script, a worker's own threads) this is
     the root client context, whose rank is the 0-dimensional point.
     """
-    return _current.get()
+    return _context_var.get()
 
 
 def current_rank() -> Point:
     """The caller's point in the mesh slice the current message was sent to."""
-    return _current.get().message_rank
+    return _context_var.get().message_rank
 
 
 def current_size() -> dict[str, int]:
     """Sizes of the mesh slice the current message was sent to."""
-    return dict(_current.get().message_rank.extent)
+    return dict(_context_var.get().message_rank.extent)
 
 
 def current_actor_name() -> str:
     """The name of the running actor mesh (``"client"`` outside actors)."""
-    return _current.get().actor_instance.name
+    return _context_var.get().actor_instance.name

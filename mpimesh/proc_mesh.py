@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
-from ._core import current as _current
+from . import context as _context
+from ._core import calls as _calls
 from ._core import serialize as _serialize
-from ._core.ports import Gather, OneReply
-from ._core.protocol import CONTROLLER, Kind
 from .actor import Actor, endpoint_table
-from .context import context
+from .actor_mesh import ActorMesh
 from .future import Future
 from .shape import MeshTrait, Shape
 
@@ -51,8 +49,7 @@ class ProcMesh(MeshTrait):
         return ProcMesh(shape, self._addrs, self._hosts, key=self._key)
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes, strict=True))
-        return f"ProcMesh({sizes})"
+        return f"ProcMesh({self._sizes_repr()})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self._shape, self._addrs, self._hosts, self._key))
@@ -80,8 +77,6 @@ class ProcMesh(MeshTrait):
             ValueError: ``Class`` mixes ``def`` and ``async def`` endpoints.
             RuntimeError: the mesh was stopped.
         """
-        from .actor_mesh import ActorMesh
-
         if not isinstance(name, str) or not name:
             raise TypeError(
                 f"actor mesh name must be a non-empty str, got {name!r}; e.g. procs.spawn('trainers', Trainer)"
@@ -98,7 +93,6 @@ class ProcMesh(MeshTrait):
         methods = frozenset(
             n for n, m in inspect.getmembers(Class, callable) if not n.startswith("_") and n not in table
         )
-        rt = _current.current()
         try:
             body, buffers = _serialize.dumps(
                 (Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key))
@@ -108,32 +102,15 @@ class ProcMesh(MeshTrait):
                 f"cannot pickle the arguments of {Class.__qualname__} for actor mesh {name!r}: {exc}; "
                 "pass data that pickles, or create the object inside __init__"
             ) from exc
-        key = rt.new_id()
-        shape = self._shape
-        addrs = [self._addrs[i] for i in shape.ranks()]
-        fut: Future[None] = Future(f"{name}.initialized")
-        port = (rt.addr, rt.ports.open(Gather(fut, f"{name}.__init__", shape, addrs, values=False)))
-        instance = context().actor_instance
-        creator = (instance.actor_id, rt.addr)
-        from ._core.runtime import Owned  # noqa: PLC0415 - keeps `import mpimesh` free of MPI
-
-        rt.owned[key] = Owned(name, Class.__qualname__, tuple(addrs), shape, instance._cell)
-        sizes = tuple(b.nbytes for b in buffers) or None
-        # Classes from importable modules travel by reference: the workers
-        # need the spawner's sys.path (pytest, for one, extends it late).
-        path = tuple(sys.path)
-        for rank, addr in enumerate(addrs):
-            point = (rank, shape.labels, shape.sizes)
-            rt.send(addr, (Kind.SPAWN, sizes, key, name, point, is_async, body, port, creator, path), buffers)
+        addrs = [self._addrs[i] for i in self._shape.ranks()]
+        ref, initialized = _calls.MeshRef.spawn(name, Class.__qualname__, self._shape, addrs, is_async, body, buffers)
         mesh: ActorMesh[T] = ActorMesh(
-            key=key,
+            ref=ref,
             name=name,
             class_name=Class.__qualname__,
             endpoints=table,
             methods=methods,
-            shape=Shape.row_major(shape.labels, shape.sizes),
-            addrs=tuple(addrs),
-            initialized=fut,
+            initialized=initialized,
             owned=True,
         )
         return cast(T, mesh)
@@ -154,14 +131,7 @@ class ProcMesh(MeshTrait):
         if self._stopped:
             return Future.completed(None, "ProcMesh.stop()")
         self._stopped = True
-        rt = _current.current()
-        addrs = [self._addrs[i] for i in self._shape.ranks()]
-        if rt.controller is not None:
-            return rt.controller.release_async(addrs, reason)
-        fut = OneReply("ProcMesh.stop()", "ProcMesh.stop", CONTROLLER)
-        port = (rt.addr, rt.ports.open(fut))
-        rt.send(CONTROLLER, (Kind.PROCS, None, "release", (addrs, reason), port))
-        return fut
+        return _calls.release_procs([self._addrs[i] for i in self._shape.ranks()], reason)
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -204,8 +174,7 @@ class HostMesh(MeshTrait):
         return HostMesh(shape, self._hosts)
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes, strict=True))
-        return f"HostMesh({sizes})"
+        return f"HostMesh({self._sizes_repr()})"
 
     def spawn_procs(
         self,
@@ -260,23 +229,9 @@ class HostMesh(MeshTrait):
                 raise ValueError(
                     f"per_host dimension {label!r} clashes with a dimension of {self!r}; choose another name"
                 )
-        n = len(self) * math.prod(dims.values())
-        rt = _current.current()
-        if rt.controller is not None:
-            placed = [(p.addr, p.host) for p in rt.controller.allocate(n)]
-        else:
-            fut = OneReply("spawn_procs", "spawn_procs", CONTROLLER)
-            port = (rt.addr, rt.ports.open(fut))
-            rt.send(CONTROLLER, (Kind.PROCS, None, "alloc", n, port))
-            placed = fut.get()
+        key, addrs, hosts = _calls.allocate_procs(len(self) * math.prod(dims.values()))
         shape = Shape.row_major(self._shape.labels + tuple(dims), self._shape.sizes + tuple(dims.values()))
-        procs = ProcMesh(
-            shape,
-            tuple(a for a, _ in placed),
-            tuple(h for _, h in placed),
-            key=rt.new_id(),
-            owned=True,
-        )
+        procs = ProcMesh(shape, tuple(addrs), tuple(hosts), key=key, owned=True)
         if bootstrap is not None:
             boot = procs.spawn("_bootstrap", _Bootstrap, bootstrap)
             try:
@@ -292,8 +247,7 @@ def this_host() -> HostMesh:
     Its ``spawn_procs`` draws from the launch pool first, wherever those
     ranks run, then spawns on this host.
     """
-    rt = _current.current()
-    return HostMesh(Shape.row_major(("hosts",), (1,)), (rt.host,))
+    return HostMesh(Shape.row_major(("hosts",), (1,)), (_calls.here().host,))
 
 
 def this_proc() -> ProcMesh:
@@ -302,5 +256,9 @@ def this_proc() -> ProcMesh:
     Actors spawned on it live in this very process (on the controller: in the
     controller, next to the script).
     """
-    rt = _current.current()
-    return ProcMesh(Shape.unity(), (rt.addr,), (rt.host,), key=(rt.addr[0], rt.addr[1], 0))
+    here = _calls.here()
+    island, rank = here.addr
+    return ProcMesh(Shape.unity(), (here.addr,), (here.host,), key=(island, rank, 0))
+
+
+_context._this_proc = this_proc

@@ -46,18 +46,16 @@ import itertools
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._core import current as _current
+from ._core import calls as _calls
+from ._core.calls import Here
 from ._data import buffers as _buffers
 from ._data import cma as _cma
 from ._data.registry import registry as _registry
 from .context import context
 from .errors import SupervisionError
 from .future import Future
-
-if TYPE_CHECKING:
-    from ._core.runtime import Runtime
 
 __all__ = ["RDMABuffer", "RDMAAction"]
 
@@ -138,14 +136,14 @@ class RDMABuffer:
             )
         from ._data.windows import window
 
-        rt = _current.current()
+        here = _calls.here()
         win = window()
         slot, token, attached = _registry.register(memory, win)
         _cma.allow_readers()
         me = context().actor_instance
-        name = me.actor_id if me.actor_id != "client" else ("controller" if rt.addr == (0, 0) else
-                                                            f"process {rt.addr[0]}.{rt.addr[1]}")
-        self._h = _Handle(rt.addr, name, rt.host, os.getpid(), _cma.start_time(os.getpid()), memory.addr,
+        name = me.actor_id if me.actor_id != "client" else ("controller" if here.addr == (0, 0) else
+                                                            f"process {here.addr[0]}.{here.addr[1]}")
+        self._h = _Handle(here.addr, name, here.host, os.getpid(), _cma.start_time(os.getpid()), memory.addr,
                           memory.nbytes, memory.device, memory.readonly, slot, token, attached, next(_ids))
         self._dropped = False
 
@@ -171,7 +169,7 @@ class RDMABuffer:
     def backend(self) -> str:
         """How :meth:`read_into` from this process moves bytes: ``"local"``, ``"cma"``, ``"mpi"`` or ``"none"``."""
         try:
-            return self._path(_current.current())
+            return self._path(_calls.here())
         except ConnectionError:
             return "none"
 
@@ -196,15 +194,8 @@ class RDMABuffer:
                 this handle was dropped.
             ConnectionError: no path from this process to the owner.
         """
-        memory = _buffers.local_memory(dst, "RDMABuffer.read_into", writable=True)
-        self._check_open("read_into")
-        size = self._h.size
-        if memory.nbytes < size:
-            raise ValueError(
-                f"RDMABuffer.read_into: expecting a destination of at least {size} bytes for {self!r}, got "
-                f"{memory.nbytes} bytes; pass a larger one, e.g. torch.empty({size}, dtype=torch.uint8)"
-            )
-        return self._start("read", memory, size, timeout)
+        memory = self._read_memory(dst, "RDMABuffer.read_into")
+        return self._start("read", memory, self._h.size, timeout)
 
     def write_from(self, src: Any, *, timeout: float = _DEFAULT_TIMEOUT) -> Future[None]:
         """Copy all of ``src`` into the start of the buffer.
@@ -224,16 +215,7 @@ class RDMABuffer:
                 read-only, or this handle was dropped.
             ConnectionError: no path from this process to the owner.
         """
-        memory = _buffers.local_memory(src, "RDMABuffer.write_from", writable=False)
-        self._check_open("write_from")
-        if self._h.readonly:
-            raise ValueError(f"RDMABuffer.write_from: {self!r} exposes read-only memory; "
-                             "create the RDMABuffer from writable memory to write to it")
-        if memory.nbytes > self._h.size:
-            raise ValueError(
-                f"RDMABuffer.write_from: expecting a source of at most {self._h.size} bytes for {self!r}, got "
-                f"{memory.nbytes} bytes; write a slice of the source, or expose a larger buffer"
-            )
+        memory = self._write_memory(src, "RDMABuffer.write_from")
         return self._start("write", memory, memory.nbytes, timeout)
 
     def drop(self) -> Future[None]:
@@ -256,13 +238,13 @@ class RDMABuffer:
             return fut
         self._dropped = True
         h = self._h
-        rt = _current.current()
+        here = _calls.here()
         try:
-            if h.pid == os.getpid() and h.owner == rt.addr:
+            if h.pid == os.getpid() and h.owner == here.addr:
                 _registry.release(h.token)
                 _registry.sweep()
-            elif h.owner not in rt.dead:
-                return self._zero_remote_slot(rt)
+            elif h.owner not in here.dead:
+                return self._zero_remote_slot(here)
         except (OSError, SupervisionError):
             pass  # the owner is gone, and the buffer with it
         except ConnectionError as exc:
@@ -277,11 +259,37 @@ class RDMABuffer:
         if self._dropped:
             raise ValueError(f"RDMABuffer.{op}: cannot use {self!r} after drop(); ask its owner for a new buffer")
 
-    def _path(self, rt: Runtime) -> str:
+    def _read_memory(self, dst: Any, what: str) -> _buffers.Memory:
+        # The local side of a read of the whole buffer (read_into, RDMAAction.read_remote), checked.
+        memory = _buffers.local_memory(dst, what, writable=True)
+        self._check_open("read_into")
+        size = self._h.size
+        if memory.nbytes < size:
+            raise ValueError(
+                f"{what}: expecting a destination of at least {size} bytes for {self!r}, got "
+                f"{memory.nbytes} bytes; pass a larger one, e.g. torch.empty({size}, dtype=torch.uint8)"
+            )
+        return memory
+
+    def _write_memory(self, src: Any, what: str) -> _buffers.Memory:
+        # The local side of a write into the buffer (write_from, RDMAAction.write_remote), checked.
+        memory = _buffers.local_memory(src, what, writable=False)
+        self._check_open("write_from")
+        if self._h.readonly:
+            raise ValueError(f"{what}: {self!r} exposes read-only memory; "
+                             "create the RDMABuffer from writable memory to write to it")
+        if memory.nbytes > self._h.size:
+            raise ValueError(
+                f"{what}: expecting a source of at most {self._h.size} bytes for {self!r}, got "
+                f"{memory.nbytes} bytes; write a slice of the source, or expose a larger buffer"
+            )
+        return memory
+
+    def _path(self, here: Here) -> str:
         h = self._h
-        if h.pid == os.getpid() and h.owner == rt.addr:
+        if h.pid == os.getpid() and h.owner == here.addr:
             return "local"
-        if _force != "mpi" and h.host == rt.host and h.device == "cpu" and _cma.available() \
+        if _force != "mpi" and h.host == here.host and h.device == "cpu" and _cma.available() \
                 and h.pid not in _cma_refused:
             return "cma"
         from ._data.windows import unavailable, window
@@ -294,28 +302,29 @@ class RDMABuffer:
         elif not h.window:
             why = "its memory is not attached to an MPI window"
         elif not win.reaches(h.owner):
-            why = f"processes of islands {rt.addr[0]} and {h.owner[0]} share no MPI window"
+            why = f"processes of islands {here.addr[0]} and {h.owner[0]} share no MPI window"
         else:
             why = f"the path was forced to {_force!r}"
         refused = " (the kernel refused a same-host copy: " + _cma.PermissionHint + ")" if h.pid in _cma_refused else ""
         raise ConnectionError(
-            f"no path from process {rt.addr[0]}.{rt.addr[1]} on {rt.host} to {self!r} on {h.host}: {why}{refused}; "
+            f"no path from process {here.addr[0]}.{here.addr[1]} on {here.host} to {self!r} on {h.host}: "
+            f"{why}{refused}; "
             "have an actor in the owner's island (same ProcMesh, or launched together under mpiexec) do the transfer"
         )
 
     def _start(self, op: str, memory: _buffers.Memory, nbytes: int, timeout: float) -> Future[None]:
-        rt = _current.current()
+        here = _calls.here()
         fut: Future[None] = Future(f"RDMABuffer.{'read_into' if op == 'read' else 'write_from'}()")
-        self._alive(rt)
-        path = self._path(rt)
+        self._alive(here)
+        path = self._path(here)
         if path == "mpi":
-            self._mpi(rt, op, memory, nbytes, timeout, fut)
+            self._mpi(here, op, memory, nbytes, timeout, fut)
             return fut
         try:
             if path == "local":
                 self._copy_local(op, memory, nbytes)
             else:
-                self._copy_cma(rt, op, memory, nbytes, timeout, fut)
+                self._copy_cma(here, op, memory, nbytes, timeout, fut)
         except BaseException as exc:
             if not fut.done():
                 fut.set_exception(exc)
@@ -324,14 +333,14 @@ class RDMABuffer:
                 fut.set_result(None)
         return fut
 
-    def _alive(self, rt: Runtime) -> None:
+    def _alive(self, here: Here) -> None:
         h = self._h
-        if h.owner in rt.dead:
-            raise SupervisionError(f"the owner of {self!r} has died: {rt.dead[h.owner]}", endpoint="RDMABuffer")
+        if h.owner in here.dead:
+            raise SupervisionError(f"the owner of {self!r} has died: {here.dead[h.owner]}", endpoint="RDMABuffer")
 
-    def _dead(self, rt: Runtime, how: str) -> SupervisionError:
+    def _dead(self, here: Here, how: str) -> SupervisionError:
         h = self._h
-        report = rt.dead.get(h.owner, how)
+        report = here.dead.get(h.owner, how)
         return SupervisionError(f"the owner of {self!r} has died: {report}", endpoint="RDMABuffer")
 
     def _dropped_error(self, op: str, during: bool = False) -> ValueError:
@@ -348,12 +357,12 @@ class RDMABuffer:
         else:
             _copy(owner, memory, nbytes)
 
-    def _copy_cma(self, rt: Runtime, op: str, memory: _buffers.Memory, nbytes: int, timeout: float,
+    def _copy_cma(self, here: Here, op: str, memory: _buffers.Memory, nbytes: int, timeout: float,
                   fut: Future[None]) -> None:
         h = self._h
         name = "read_into" if op == "read" else "write_from"
         if _cma.start_time(h.pid) != h.start:
-            raise self._dead(rt, f"process {h.pid} on {h.host} no longer exists")
+            raise self._dead(here, f"process {h.pid} on {h.host} no longer exists")
         staged = None
         try:
             if memory.device != "cpu":
@@ -372,11 +381,11 @@ class RDMABuffer:
                 self._check_token(name, during=True)
             except OSError as exc:
                 if exc.errno == errno.ESRCH:
-                    raise self._dead(rt, f"process {h.pid} on {h.host} exited") from None
+                    raise self._dead(here, f"process {h.pid} on {h.host} exited") from None
                 if exc.errno in (errno.EPERM, errno.ENOSYS):  # not allowed here: MPI if there is a window
                     _cma_refused.add(h.pid)
-                    if self._path(rt) == "mpi":
-                        self._mpi(rt, op, memory, nbytes, timeout, fut)
+                    if self._path(here) == "mpi":
+                        self._mpi(here, op, memory, nbytes, timeout, fut)
                         return
                     raise PermissionError(f"RDMABuffer.{name}: the kernel refused to copy from process {h.pid} "
                                           f"({exc.strerror}); {_cma.PermissionHint}") from None
@@ -396,36 +405,36 @@ class RDMABuffer:
         if int(value[0]) != h.token:
             raise self._dropped_error(op, during)
 
-    def _zero_remote_slot(self, rt: Runtime) -> Future[None]:
+    def _zero_remote_slot(self, here: Here) -> Future[None]:
         import numpy as np
 
         h = self._h
         zero = np.zeros(1, np.uint64)
         fut: Future[None] = Future("RDMABuffer.drop()")
-        if self._path(rt) == "cma":
+        if self._path(here) == "cma":
             value = np.zeros(1, np.uint64)
             _cma.read(h.pid, h.slot, int(value.ctypes.data), 8)
             if int(value[0]) == h.token:
                 _cma.write(h.pid, h.slot, int(zero.ctypes.data), 8)
             fut.set_result(None)
             return fut
-        self._mpi(rt, "drop", _buffers.Memory(zero, int(zero.ctypes.data), 8, "cpu", False), 8, _DEFAULT_TIMEOUT,
+        self._mpi(here, "drop", _buffers.Memory(zero, int(zero.ctypes.data), 8, "cpu", False), 8, _DEFAULT_TIMEOUT,
                   fut)
         return fut
 
-    def _mpi(self, rt: Runtime, op: str, memory: _buffers.Memory, nbytes: int, timeout: float,
+    def _mpi(self, here: Here, op: str, memory: _buffers.Memory, nbytes: int, timeout: float,
              fut: Future[None]) -> None:
         from ._data.windows import Transfer, window
 
         win = window()
         if win is None:  # _path() chose "mpi": there is one
-            raise ConnectionError(f"no MPI window in process {rt.addr[0]}.{rt.addr[1]}")
+            raise ConnectionError(f"no MPI window in process {here.addr[0]}.{here.addr[1]}")
         name = {"read": "read_into", "write": "write_from", "drop": "drop"}[op]
 
         def error(kind: str) -> BaseException:
-            return self._dead(rt, "dead") if kind == "dead" else self._dropped_error(name)
+            return self._dead(here, "dead") if kind == "dead" else self._dropped_error(name)
 
-        Transfer(win, rt.dead, self._h, repr(self), op, memory, nbytes, timeout, fut, error).start()
+        Transfer(win, here.dead, self._h, repr(self), op, memory, nbytes, timeout, fut, error).start()
 
 
 _cma_refused: set[int] = set()
@@ -473,11 +482,7 @@ class RDMAAction:
                 operation races with one already added.
         """
         buf = _check_buffer(src, "RDMAAction.read_remote", "src")
-        memory = _buffers.local_memory(dst, "RDMAAction.read_remote", writable=True)
-        buf._check_open("read_into")
-        if memory.nbytes < buf.size():
-            raise ValueError(f"RDMAAction.read_remote: expecting a destination of at least {buf.size()} bytes for "
-                             f"{buf!r}, got {memory.nbytes} bytes; pass a larger one")
+        memory = buf._read_memory(dst, "RDMAAction.read_remote")
         self._add("read", buf, memory, buf.size())
         return self
 
@@ -490,14 +495,7 @@ class RDMAAction:
                 operation races with one already added.
         """
         buf = _check_buffer(dst, "RDMAAction.write_remote", "dst")
-        memory = _buffers.local_memory(src, "RDMAAction.write_remote", writable=False)
-        buf._check_open("write_from")
-        if buf._h.readonly:
-            raise ValueError(f"RDMAAction.write_remote: {buf!r} exposes read-only memory; "
-                             "create the RDMABuffer from writable memory to write to it")
-        if memory.nbytes > buf.size():
-            raise ValueError(f"RDMAAction.write_remote: expecting a source of at most {buf.size()} bytes for "
-                             f"{buf!r}, got {memory.nbytes} bytes; write a slice of the source")
+        memory = buf._write_memory(src, "RDMAAction.write_remote")
         self._add("write", buf, memory, memory.nbytes)
         return self
 

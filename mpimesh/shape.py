@@ -705,6 +705,10 @@ class MeshTrait:
             f"{type(self).__name__} must override _new_with_shape(shape) to use MeshTrait"
         )
 
+    def _sizes_repr(self) -> str:
+        """Return the sizes as a mesh's repr shows them, e.g. ``hosts=2, gpus=4``."""
+        return ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes, strict=True))
+
     def slice(self, **dims: _Selector) -> Self:
         """Select along dimensions, e.g. ``mesh.slice(hosts=1, gpus=slice(0, 2))``."""
         return self._new_with_shape(self._shape.slice(dims, repr(self)))

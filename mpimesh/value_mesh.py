@@ -48,8 +48,7 @@ class ValueMesh(MeshTrait, Generic[R]):
         return ValueMesh._view(shape, self._base)
 
     def __repr__(self) -> str:
-        sizes = ", ".join(f"{k}={v}" for k, v in zip(self._shape.labels, self._shape.sizes, strict=True))
-        return f"ValueMesh({sizes})"
+        return f"ValueMesh({self._sizes_repr()})"
 
     def get(self, rank: int) -> R:
         """The value at flat rank ``rank`` (row-major within this mesh).

@@ -2,13 +2,17 @@
 
 Each actor runs on a thread of its own and handles its mailbox in arrival
 order.  A sync actor's thread, while its mailbox is empty, takes part in MPI
-progress (see ``_progress``): under traffic it receives its own messages, so a
+progress (see ``progress``): under traffic it receives its own messages, so a
 call costs no thread hand-off.  An async actor's thread runs an asyncio loop;
 its endpoints await futures that the polling thread completes.
 
+The mailbox holds small typed items (:class:`_Init`, :class:`_Call`,
+:class:`_SiteCall`, :class:`_Supervise`, :class:`_Stop`); ``_HANDLERS`` maps
+each to the :class:`_Actor` method that handles it.
+
 No exception raised by user code escapes this module: it becomes an error
 reply to the caller, or, when nobody waits for an answer, a FAULT report to
-the controller.
+the process that spawned the actor.
 """
 
 from __future__ import annotations
@@ -19,41 +23,66 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..context import Context, Instance, _current
+from ..context import Context, Instance, _context_var
 from ..errors import MeshInternalError
 from ..shape import Extent, Point
+from . import protocol
 from . import serialize as _serialize
-from .protocol import Frame, Key, Kind, Status
+from .ports import Port
+from .protocol import Frame, Key, PortRef, Status
 
 if TYPE_CHECKING:
     import asyncio
 
-    from .runtime import Runtime
+    from ..supervision import MeshFailure
 
 __all__ = ["ActorHost"]
 
 Addr = tuple[int, int]
-Port = tuple[Addr, int]
+#: A message point as it travels: ``(rank, labels, sizes)``.
+RawPoint = tuple[int, tuple[str, ...], tuple[int, ...]]
 
 # Results of these types are answered at once, without asking inspect.
 _NOT_AWAITABLE = frozenset((int, float, str, bool, type(None), bytes, tuple, list, dict))
-_CALL = Kind.CALL
-# Results that are plain data by themselves (see _serialize.plain).
+# Results that are plain data by themselves (see serialize.plain).
 _SCALARS = _serialize.ATOMS
 # The keyword arguments of every SITE_CALL (only unpacked, never changed).
 _NO_KWARGS: dict[str, Any] = {}
 _NO_BUFFERS: list[Any] = []
 
 
-def _point(raw: tuple[int, tuple[str, ...], tuple[int, ...]]) -> Point:
+class _Progress(Protocol):
+    def wait(self, done: Callable[[], object], cond: threading.Condition, timeout: float | None = None) -> bool: ...
+
+
+class _Runtime(Protocol):
+    """What the actor host needs of this process's runtime."""
+
+    @property
+    def addr(self) -> Addr: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def progress(self) -> _Progress: ...
+
+    def reply(self, port: PortRef, index: int, status: int, value: Any) -> None: ...
+
+    def reply_value(self, dest: Addr, pid: int, index: int, value: Any) -> None: ...
+
+    def fault(self, key: Key, rank: int, report: str, spawner: Addr) -> None: ...
+
+
+def _point(raw: RawPoint) -> Point:
     rank, labels, sizes = raw
     return Point(rank, Extent(labels, sizes))
 
 
 class _Site:
-    """A registered call site (see ``Kind.SITE_CALL``): actor, method, caller and point.
+    """A registered call site (see ``protocol.site_call``): actor, method, caller and point.
 
     The actor's thread fills in, on first use, what every call through the
     site needs: the bound endpoint and the context.
@@ -61,7 +90,7 @@ class _Site:
 
     __slots__ = ("key", "method", "caller", "point", "fn", "ctx")
 
-    def __init__(self, key: Key, method: str, caller: Addr, point: tuple[Any, ...]) -> None:
+    def __init__(self, key: Key, method: str, caller: Addr, point: RawPoint) -> None:
         self.key = key
         self.method = method
         self.caller = caller
@@ -70,7 +99,67 @@ class _Site:
         self.ctx: Context | None = None
 
 
-class _Cell:
+# --- mailbox items ----------------------------------------------------------------------------------
+
+
+class _Init:
+    """Create the actor from the pickled class and arguments; always the first item."""
+
+    __slots__ = ("body", "buffers", "port")
+
+    def __init__(self, body: bytes, buffers: list[Any], port: PortRef) -> None:
+        self.body = body
+        self.buffers = buffers
+        self.port = port
+
+
+class _Call:
+    """A CALL frame (see ``protocol.call``) and its out-of-band buffers."""
+
+    __slots__ = ("frame", "buffers")
+
+    def __init__(self, frame: Frame, buffers: list[Any]) -> None:
+        self.frame = frame
+        self.buffers = buffers
+
+
+class _SiteCall:
+    """A call through a registered site, to a sync actor (see ``protocol.site_call``)."""
+
+    __slots__ = ("site", "pid", "args")
+
+    def __init__(self, site: _Site, pid: int, args: tuple[Any, ...]) -> None:
+        self.site = site
+        self.pid = pid
+        self.args = args
+
+
+class _Supervise:
+    """A mesh this actor owns has failed."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self, failure: MeshFailure) -> None:
+        self.failure = failure
+
+
+class _Stop:
+    """Stop after the items before this one; ``done()`` runs once the actor has stopped."""
+
+    __slots__ = ("reason", "done")
+
+    def __init__(self, reason: str, done: Callable[[], None] | None) -> None:
+        self.reason = reason
+        self.done = done
+
+
+_Item = _Init | _Call | _SiteCall | _Supervise | _Stop
+
+
+# --- one actor ----------------------------------------------------------------------------------------
+
+
+class _Actor:
     """One actor: its instance, mailbox and thread."""
 
     def __init__(
@@ -89,12 +178,12 @@ class _Cell:
         self.state = "starting"
         self.failure: str | None = None
         self.stop_reason: str | None = None
-        self.mailbox: deque[tuple[Any, ...]] = deque()
+        self.mailbox: deque[_Item] = deque()
         self.cond = threading.Condition()
         # the actor thread's id: it may fill its own mailbox while it polls
         self._tid: int | None = None
         # message point -> Context, for the few slices an actor is called through
-        self._contexts: dict[tuple[Any, ...], Context] = {}
+        self._contexts: dict[RawPoint, Context] = {}
         # endpoint name -> (bound method, explicit response port), see _bind
         self._bound: dict[str, tuple[Callable[..., Any], bool]] = {}
         addr = self.runtime.addr
@@ -113,7 +202,8 @@ class _Cell:
 
     # -- mailbox -----------------------------------------------------------
 
-    def put(self, item: tuple[Any, ...]) -> None:
+    def put(self, item: _Item) -> None:
+        """Add ``item`` to the mailbox and wake the actor's thread."""
         if self.loop is not None:
             self.mailbox.append(item)
             try:
@@ -134,7 +224,12 @@ class _Cell:
             self._wake.set()
 
     def request_stop(self, reason: str) -> None:
-        self.put(("stop", reason, None))
+        """Stop after the messages already in the mailbox (``Instance.stop``)."""
+        self.put(_Stop(reason, None))
+
+    def supervise(self, failure: MeshFailure) -> None:
+        """Hand a failure of a mesh this actor owns to its ``__supervise__``, in mailbox order."""
+        self.put(_Supervise(failure))
 
     # -- thread bodies -----------------------------------------------------
 
@@ -145,16 +240,12 @@ class _Cell:
                 mailbox = self.mailbox
                 wait = self.runtime.progress.wait
                 has_mail = mailbox.__len__
+                handlers = _HANDLERS
                 while True:
                     if not mailbox:
                         wait(has_mail, self.cond)
                     item = mailbox.popleft()
-                    kind = item[0]
-                    if kind == "site":
-                        self._call_site(item)
-                    elif kind == "call":
-                        self._call(item, None)
-                    elif not self._step(item, None):
+                    if not handlers[type(item)](self, item, None):
                         break
             else:
                 import asyncio
@@ -170,146 +261,192 @@ class _Cell:
                 self.loop.close()
 
     async def _amain(self) -> None:
+        # An async actor: a handler leaves in `pending` the coroutine to await before the next item.
         import asyncio
 
         self._wake = asyncio.Event()
+        handlers = _HANDLERS
         while True:
             while not self.mailbox:
                 self._wake.clear()
                 if self.mailbox:
                     break
                 await self._wake.wait()
-            if not await self._ahandle(self.mailbox.popleft()):
+            item = self.mailbox.popleft()
+            pending: list[Any] = []
+            keep = handlers[type(item)](self, item, pending)
+            if pending:
+                await pending[0]
+            if not keep:
                 break
 
-    def _step(self, item: tuple[Any, ...], pending: list[Any] | None) -> bool:
-        """Handle one mailbox item; False once the actor has stopped.
+    # -- mailbox items, by kind (see _HANDLERS) -------------------------------
+    #
+    # Each takes the item and `pending` (None for a sync actor), and returns
+    # False once the actor has stopped.
 
-        An async actor passes ``pending``: a coroutine left there must be
-        awaited before the next item (a sync actor passes ``None``).
-        """
-        kind = item[0]
-        if kind == "call":
-            self._call(item, pending)
-        elif kind == "init":
-            self._init(item)
-        elif kind == "supervise":
-            self._supervise(item[1], pending)
-        else:
-            return self._stop(item, pending)
-        return True
-
-    async def _ahandle(self, item: tuple[Any, ...]) -> bool:
-        pending: list[Any] = []
-        keep = self._step(item, pending)
-        if pending:
-            await pending[0]
-        return keep
-
-    # -- message kinds -------------------------------------------------------
-
-    def _init(self, item: tuple[Any, ...]) -> None:
-        _, body, buffers, port = item
-        token = _current.set(Context(self.identity, self.point))
+    def _init(self, item: _Init, pending: list[Any] | None) -> bool:
+        token = _context_var.set(Context(self.identity, self.point))
         try:
-            cls, args, kwargs, proc_mesh = _serialize.loads(body, buffers)
+            cls, args, kwargs, proc_mesh = _serialize.loads(item.body, item.buffers)
             self.identity.class_name = cls.__qualname__
             self.identity.proc_mesh = proc_mesh
             self.instance = cls(*args, **kwargs)
         except BaseException as exc:
             self.state = "failed"
             self.failure = f"{type(exc).__name__} in __init__: {exc}"
-            self._error(port, self.point.rank, exc)
+            self._error(item.port, self.point.rank, exc)
         else:
             self.state = "running"
-            self.runtime.reply(port, self.point.rank, Status.OK, None)
+            self.runtime.reply(item.port, self.point.rank, Status.OK, None)
         finally:
-            _current.reset(token)
+            _context_var.reset(token)
+        return True
 
-    def _call(self, item: tuple[Any, ...], pending: list[Any] | None) -> None:
-        _, frame, buffers, src = item
-        method, payload, port, mpoint = frame[3], frame[4], frame[5], frame[6]
-        index = mpoint[0]
+    def _call(self, item: _Call, pending: list[Any] | None) -> bool:
+        _, _, _, method, args, port, point, *_ = item.frame
+        index = point[0]
         if self.state != "running":
             if port is not None:
                 report = f"actor {self.actor_id} cannot take {method}(): it {self._why_not()}"
                 self.runtime.reply(port, index, Status.FAILED, report)
-            return
-        contexts = self._contexts
-        ctx = contexts.get(mpoint)
-        if ctx is None:
-            if len(contexts) > 64:
-                contexts.clear()
-            ctx = contexts[mpoint] = Context(self.identity, _point(mpoint))
-        token: Any = _current.set(ctx)
+            return True
+        token = _context_var.set(self._contexts.get(point) or self._context(point))
         try:
-            # plain arguments come unpickled with the frame (see Kind.CALL)
-            args, kwargs = _serialize.loads(payload, buffers) if type(payload) is bytes else payload
-            found = self._bound.get(method)
-            if found is None:
-                found = self._bind(method)
-            fn, explicit_port = found
+            try:
+                # plain arguments come unpickled with the frame (see protocol.call)
+                args, kwargs = _serialize.loads(args, item.buffers) if type(args) is bytes else args
+                fn, explicit_port = self._bound.get(method) or self._bind(method)
+            except BaseException as exc:  # arguments that do not unpickle, or no such endpoint
+                self._failed_call(exc, port, index, method)
+                return True
             if explicit_port:
-                from ..channel import Port as PortObject
-
-                args = (PortObject(port, index),) + tuple(args)
+                args = (Port(port, index), *args)
                 port = None  # the method answers through its port
+            self._invoke(fn, args, kwargs, port, index, method, pending)
+        finally:
+            _context_var.reset(token)
+        return True
+
+    def _call_site(self, item: _SiteCall, pending: list[Any] | None) -> bool:
+        site = item.site
+        fn = site.fn
+        if fn is None and self.state == "running":
+            fn = self._bind_site(site)
+        if fn is None or self.state != "running":
+            # Not running, no such endpoint, or one that answers through its
+            # own port: the general path says or does what is right.
+            frame = protocol.call(None, site.key, site.method, (item.args, _NO_KWARGS), (site.caller, item.pid),
+                                  site.point)
+            return self._call(_Call(frame, _NO_BUFFERS), pending)
+        token = _context_var.set(site.ctx)  # type: ignore[arg-type]
+        try:
+            self._invoke(fn, item.args, _NO_KWARGS, (site.caller, item.pid), site.point[0], site.method, pending)
+        finally:
+            _context_var.reset(token)
+        return True
+
+    def _supervise(self, item: _Supervise, pending: list[Any] | None) -> bool:
+        """A mesh this actor owns failed: ``__supervise__`` decides (Monarch's contract)."""
+        failure = item.failure
+        hook = getattr(self.instance, "__supervise__", None)
+        if hook is None or self.state != "running":
+            self._unhandled(failure, None)
+            return True
+        token = _context_var.set(Context(self.identity, self.point))
+        try:
+            handled = hook(failure)
+            if inspect.isawaitable(handled):
+                if pending is None:
+                    raise TypeError("__supervise__ returned an awaitable in a sync actor; make it a plain def")
+
+                async def finish() -> None:
+                    try:
+                        if not await handled:
+                            self._unhandled(failure, None)
+                    except Exception as exc:
+                        self._unhandled(failure, exc)
+
+                pending.append(finish())
+                return True
+        except Exception as exc:
+            self._unhandled(failure, exc)
+        else:
+            if not handled:
+                self._unhandled(failure, None)
+        finally:
+            _context_var.reset(token)
+        return True
+
+    def _stop(self, item: _Stop, pending: list[Any] | None) -> bool:
+        self.stop_reason = item.reason
+        done = item.done
+        cleanup = getattr(self.instance, "__cleanup__", None)
+        if cleanup is not None:
+            token = _context_var.set(Context(self.identity, self.point))
+            try:
+                result = cleanup(None)
+                if inspect.isawaitable(result) and pending is not None:
+
+                    async def finish() -> None:
+                        try:
+                            await result
+                        except Exception as exc:
+                            self._report_fault(exc, "__cleanup__")
+                        finally:
+                            self._stopped(done)
+
+                    pending.append(finish())
+                    return False
+            except Exception as exc:
+                self._report_fault(exc, "__cleanup__")
+            finally:
+                _context_var.reset(token)
+        self._stopped(done)
+        return False
+
+    # -- calling endpoints ---------------------------------------------------
+
+    def _invoke(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], port: PortRef | None,
+        index: int, method: str, pending: list[Any] | None,
+    ) -> None:
+        """Call an endpoint and answer the caller (if any) with its result or its error.
+
+        An async actor's coroutine goes to ``pending``, and
+        :meth:`_finish_async` answers once it is done.
+        """
+        try:
             result = fn(*args, **kwargs)
             if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
                 if pending is None:
                     raise TypeError(f"endpoint {method} returned an awaitable in a sync actor; declare it async def")
-                pending.append(self._finish_async(result, port, index, method, token))
-                token = None
+                pending.append(self._finish_async(result, port, index, method, _context_var.get()))
                 return
         except BaseException as exc:
             self._failed_call(exc, port, index, method)
         else:
-            if port is not None:
-                self._answer(port, index, result, method)
-        finally:
-            if token is not None:
-                _current.reset(token)
+            self._answer(port, index, result, method)
 
-    def _call_site(self, item: tuple[Any, ...]) -> None:
-        # A SITE_CALL to a sync actor: _call without the frame (the common case of call_one).
-        _, site, pid, args = item
-        fn = site.fn
-        if fn is None or self.state != "running":
-            if self.state == "running":
-                fn, explicit_port = self._bound.get(site.method) or self._bind_quietly(site.method)
-                if not explicit_port:
-                    site.fn = fn
-                    site.ctx = self._contexts.get(site.point) or Context(self.identity, _point(site.point))
-            if site.fn is None or self.state != "running":
-                # Not running, no such endpoint, or one that answers through
-                # its own port: the general path says or does what is right.
-                frame = (_CALL, None, site.key, site.method, (args, _NO_KWARGS), (site.caller, pid), site.point)
-                self._call(("call", frame, _NO_BUFFERS, site.caller), None)
-                return
-            fn = site.fn
-        port = (site.caller, pid)
-        index = site.point[0]
-        token = _current.set(site.ctx)
+    async def _finish_async(self, awaitable: Any, port: PortRef | None, index: int, method: str, ctx: Context) -> None:
+        # The rest of _invoke for a coroutine: await it, in the message's context, then answer.
+        token = _context_var.set(ctx)
         try:
-            result = fn(*args)
-            if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
-                raise TypeError(f"endpoint {site.method} returned an awaitable in a sync actor; declare it async def")
+            result = await awaitable
         except BaseException as exc:
-            self._failed_call(exc, port, index, site.method)
+            self._failed_call(exc, port, index, method)
         else:
-            if type(result) in _SCALARS:
-                self.runtime.reply_value(site.caller, pid, index, result)  # cannot fail to pickle
-            else:
-                self._answer(port, index, result, site.method)
+            self._answer(port, index, result, method)
         finally:
-            _current.reset(token)
+            _context_var.reset(token)
 
-    def _bind_quietly(self, method: str) -> tuple[Callable[..., Any] | None, bool]:
-        # _bind, but a missing endpoint gives (None, False): _call reports it.
-        try:
-            return self._bind(method)
-        except AttributeError:
-            return None, False
+    def _context(self, point: RawPoint) -> Context:
+        # The context of messages to `point`, kept for the next ones.
+        contexts = self._contexts
+        if len(contexts) > 64:
+            contexts.clear()
+        ctx = contexts[point] = Context(self.identity, _point(point))
+        return ctx
 
     def _bind(self, method: str) -> tuple[Callable[..., Any], bool]:
         # The bound endpoint and whether it answers through an explicit port, once per method.
@@ -320,18 +457,25 @@ class _Cell:
         found = self._bound[method] = (fn, bool(info["explicit_response_port"]))
         return found
 
-    async def _finish_async(self, awaitable: Any, port: Port | None, index: int, method: str, token: Any) -> None:
+    def _bind_site(self, site: _Site) -> Callable[..., Any] | None:
+        # What every call through `site` needs, once: the bound endpoint and the
+        # context.  None: no such endpoint, or one that answers through a port.
         try:
-            result = await awaitable
-        except BaseException as exc:
-            self._failed_call(exc, port, index, method)
-        else:
-            if port is not None:
-                self._answer(port, index, result, method)
-        finally:
-            _current.reset(token)
+            fn, explicit_port = self._bound.get(site.method) or self._bind(site.method)
+        except AttributeError:
+            return None
+        if explicit_port:
+            return None
+        site.ctx = self._contexts.get(site.point) or self._context(site.point)
+        site.fn = fn
+        return fn
 
-    def _answer(self, port: Port, index: int, result: Any, method: str) -> None:
+    def _answer(self, port: PortRef | None, index: int, result: Any, method: str) -> None:
+        if port is None:
+            return
+        if type(result) in _SCALARS:
+            self.runtime.reply_value(port[0], port[1], index, result)  # cannot fail to pickle
+            return
         try:
             self.runtime.reply(port, index, Status.OK, result)
         except Exception as exc:
@@ -341,7 +485,7 @@ class _Cell:
             )
             self._error(port, index, error)
 
-    def _failed_call(self, exc: BaseException, port: Port | None, index: int, method: str) -> None:
+    def _failed_call(self, exc: BaseException, port: PortRef | None, index: int, method: str) -> None:
         if port is not None and isinstance(exc, Exception):
             self._error(port, index, exc)
             return
@@ -353,7 +497,7 @@ class _Cell:
             self.runtime.reply(port, index, Status.FAILED, f"actor {self.actor_id} failed: {self.failure}")
         self._report_fault(exc, method)
 
-    def _error(self, port: Port | None, index: int, exc: BaseException) -> None:
+    def _error(self, port: PortRef | None, index: int, exc: BaseException) -> None:
         if port is None:
             return
         payload = _serialize.error_payload(exc, self.header, self.point.rank, dict(self.point), self.runtime.host)
@@ -377,72 +521,13 @@ class _Cell:
         except Exception:
             print(report, file=sys.stderr, flush=True)
 
-    # -- supervision -----------------------------------------------------------
-
-    def _supervise(self, failure: Any, pending: list[Any] | None) -> None:
-        """A mesh this actor owns failed: ``__supervise__`` decides (Monarch's contract)."""
-        hook = getattr(self.instance, "__supervise__", None)
-        if hook is None or self.state != "running":
-            self._unhandled(failure, None)
-            return
-        token = _current.set(Context(self.identity, self.point))
-        try:
-            handled = hook(failure)
-            if inspect.isawaitable(handled):
-                if pending is None:
-                    raise TypeError("__supervise__ returned an awaitable in a sync actor; make it a plain def")
-
-                async def finish() -> None:
-                    try:
-                        if not await handled:
-                            self._unhandled(failure, None)
-                    except Exception as exc:
-                        self._unhandled(failure, exc)
-
-                pending.append(finish())
-                return
-        except Exception as exc:
-            self._unhandled(failure, exc)
-        else:
-            if not handled:
-                self._unhandled(failure, None)
-        finally:
-            _current.reset(token)
-
-    def _unhandled(self, failure: Any, raised: BaseException | None) -> None:
+    def _unhandled(self, failure: MeshFailure, raised: BaseException | None) -> None:
         # Not handled: this actor fails too, and its own owner hears of both.
         self.state = "failed"
         extra = f"; __supervise__ raised {type(raised).__name__}: {raised}" if raised is not None else ""
         self.failure = f"unhandled failure of its mesh {failure.mesh_name!r}{extra}"
         self._fault(f"actor {self.actor_id} on {self.runtime.host} did not handle a failure{extra}:\n"
                     f"  {failure.report()}")
-
-    def _stop(self, item: tuple[Any, ...], pending: list[Any] | None) -> bool:
-        _, reason, done = item
-        self.stop_reason = reason
-        cleanup = getattr(self.instance, "__cleanup__", None)
-        if cleanup is not None:
-            token = _current.set(Context(self.identity, self.point))
-            try:
-                result = cleanup(None)
-                if inspect.isawaitable(result) and pending is not None:
-
-                    async def finish() -> None:
-                        try:
-                            await result
-                        except Exception as exc:
-                            self._report_fault(exc, "__cleanup__")
-                        finally:
-                            self._stopped(done)
-
-                    pending.append(finish())
-                    return False
-            except Exception as exc:
-                self._report_fault(exc, "__cleanup__")
-            finally:
-                _current.reset(token)
-        self._stopped(done)
-        return False
 
     def _stopped(self, done: Callable[[], None] | None) -> None:
         if self.state != "failed":
@@ -452,18 +537,31 @@ class _Cell:
             done()
 
 
-class ActorHost:
-    """The actors living in this process."""
+#: The one dispatch of mailbox items: kind -> the _Actor method that handles it.
+_HANDLERS: dict[type, Callable[[_Actor, Any, list[Any] | None], bool]] = {
+    _Init: _Actor._init,
+    _Call: _Actor._call,
+    _SiteCall: _Actor._call_site,
+    _Supervise: _Actor._supervise,
+    _Stop: _Actor._stop,
+}
 
-    def __init__(self, runtime: Runtime) -> None:
+
+# --- the actors of this process ---------------------------------------------------------------------------
+
+
+class ActorHost:
+    """The actors living in this process: creates them and hands them their messages."""
+
+    def __init__(self, runtime: _Runtime) -> None:
         self.runtime = runtime
         self.lock = threading.Lock()
-        self.cells: dict[Key, _Cell] = {}
+        self.live: dict[Key, _Actor] = {}
         # Calls that overtook their SPAWN (sent by another process than the
         # spawner): held until the actor exists.
-        self.parked: dict[Key, list[tuple[Any, ...]]] = {}
+        self.parked: dict[Key, list[_Item]] = {}
         self.tombstones: dict[Key, str] = {}
-        # call site -> (actor key, method, caller's address, message point), see Kind.SITE_CALL
+        # call site -> (actor key, method, caller's address, message point), see protocol.site_call
         self.sites: dict[int, _Site] = {}
         # Every actor thread ever started: the process must not finalize MPI
         # while one of them is still on its way out (MPICH keeps per-thread
@@ -471,82 +569,81 @@ class ActorHost:
         self.threads: list[threading.Thread] = []
 
     def on_spawn(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """The SPAWN handler: start the actor's thread, its ``__init__`` first in its mailbox."""
         _, _, key, name, point, is_async, body, port, (creator, spawner), path = frame
         for entry in reversed(path):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        cell = _Cell(self, key, name, _point(point), is_async, creator, spawner)
+        actor = _Actor(self, key, name, _point(point), is_async, creator, spawner)
         with self.lock:
-            self.cells[key] = cell
+            self.live[key] = actor
             parked = self.parked.pop(key, [])
-        cell.put(("init", body, buffers, port))
+        actor.put(_Init(body, buffers, port))
         for item in parked:
-            cell.put(item)
+            actor.put(item)
         self.threads = [t for t in self.threads if t.is_alive()]
-        self.threads.append(cell.thread)
-        cell.thread.start()
+        self.threads.append(actor.thread)
+        actor.thread.start()
 
     def on_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        if len(frame) > 7:
+        """The CALL handler: to the actor's mailbox, held until it exists, or refused if it is gone."""
+        _, _, key, method, _, port, point, *site = frame
+        if site:
             # (actor, method, caller, point) of later SITE_CALLs from the caller
-            self.sites[frame[7]] = _Site(frame[2], frame[3], frame[5][0], frame[6])
-        key = frame[2]
-        cell = self.cells.get(key)
-        if cell is not None:
-            cell.put(("call", frame, buffers, src))
-            return
-        with self.lock:
-            cell = self.cells.get(key)
-            if cell is None:
-                reason = self.tombstones.get(key)
-                if reason is None:
-                    self.parked.setdefault(key, []).append(("call", frame, buffers, src))
-                    return
-        if cell is not None:
-            cell.put(("call", frame, buffers, src))
-            return
-        port, mpoint = frame[5], frame[6]
-        if port is not None:
-            self.runtime.reply(port, mpoint[0], Status.FAILED, f"actor {frame[3]}() target is gone: {reason}")
+            self.sites[site[0]] = _Site(key, method, port[0], point)
+        actor = self.live.get(key)
+        if actor is None:
+            with self.lock:
+                actor = self.live.get(key)
+                if actor is None:
+                    reason = self.tombstones.get(key)
+                    if reason is None:
+                        self.parked.setdefault(key, []).append(_Call(frame, buffers))
+                        return
+        if actor is not None:
+            actor.put(_Call(frame, buffers))
+        elif port is not None:
+            self.runtime.reply(port, point[0], Status.FAILED, f"actor {method}() target is gone: {reason}")
 
     def on_site_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """The SITE_CALL handler: a call through a site that a CALL from ``src`` registered."""
         _, _, number, pid, args = frame
         site = self.sites.get(number)
         if site is None:
             # Cannot happen: the registering CALL travelled the same path first.
             raise MeshInternalError(f"SITE_CALL from {src} names call site {number}, which was never registered here")
-        cell = self.cells.get(site.key)
-        if cell is not None and cell.loop is None:
-            cell.put(("site", site, pid, args))
+        actor = self.live.get(site.key)
+        if actor is not None and actor.loop is None:
+            actor.put(_SiteCall(site, pid, args))
             return
         # an async actor, or one not there (yet, or any more)
-        frame = (_CALL, None, site.key, site.method, (args, _NO_KWARGS), (site.caller, pid), site.point)
-        self.on_call(src, frame, buffers)
+        call = protocol.call(None, site.key, site.method, (args, _NO_KWARGS), (site.caller, pid), site.point)
+        self.on_call(src, call, buffers)
 
     def on_stop(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """The STOP handler: stop one actor (or all) after its pending messages, then answer."""
         _, _, key, port, index, reason = frame
         if key is None:
             self.stop_all(reason, lambda: self._ack(port, index))
             return
-        cell = self.cells.get(key)
-        if cell is None:
-            if port is not None:
-                self.runtime.reply(port, index, Status.OK, None)
+        actor = self.live.get(key)
+        if actor is None:
+            self._ack(port, index)
             return
-        cell.put(("stop", reason, lambda: self._ack(port, index)))
+        actor.put(_Stop(reason, lambda: self._ack(port, index)))
 
-    def _ack(self, port: Port | None, index: int) -> None:
+    def _ack(self, port: PortRef | None, index: int) -> None:
         if port is not None:
             self.runtime.reply(port, index, Status.OK, None)
 
-    def stop_all(self, reason: str, done: Callable[[], Any]) -> list[_Cell]:
+    def stop_all(self, reason: str, done: Callable[[], Any]) -> list[_Actor]:
         """Stop every actor; ``done()`` runs once all have stopped."""
         with self.lock:
-            cells = list(self.cells.values())
-        if not cells:
+            actors = list(self.live.values())
+        if not actors:
             done()
             return []
-        left = [len(cells)]
+        left = [len(actors)]
         lock = threading.Lock()
 
         def one_done() -> None:
@@ -556,21 +653,22 @@ class ActorHost:
             if last:
                 done()
 
-        for cell in cells:
-            cell.put(("stop", reason, one_done))
-        return cells
+        for actor in actors:
+            actor.put(_Stop(reason, one_done))
+        return actors
 
     def forget(self, key: Key, reason: str) -> None:
+        """The actor of mesh ``key`` has stopped: later calls to it are refused with ``reason``."""
         with self.lock:
-            self.cells.pop(key, None)
+            self.live.pop(key, None)
             self.tombstones[key] = reason
 
-    def wait_stopped(self, cells: list[_Cell], timeout: float) -> list[_Cell]:
-        """Wait (bounded) for cells to finish; returns those still running."""
+    def wait_stopped(self, actors: list[_Actor], timeout: float) -> list[_Actor]:
+        """Wait (bounded) for actors to finish; returns those still running."""
         deadline = time.monotonic() + timeout
-        for cell in cells:
-            cell.finished.wait(max(0.0, deadline - time.monotonic()))
-        return [c for c in cells if not c.finished.is_set()]
+        for actor in actors:
+            actor.finished.wait(max(0.0, deadline - time.monotonic()))
+        return [a for a in actors if not a.finished.is_set()]
 
     def join_threads(self, timeout: float) -> int:
         """Wait (bounded) until every actor thread has exited; returns how many still run."""

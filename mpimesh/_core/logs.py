@@ -38,7 +38,7 @@ def label(addr: Addr) -> str:
     from ..context import context
 
     instance = context().actor_instance
-    if instance._cell is None:
+    if instance._actor is None:
         return f"worker {addr[0]}.{addr[1]}"
     return f"{instance.name}[{instance.rank.rank}]"
 

@@ -7,6 +7,11 @@ point gathered into a ValueMesh (``call``), one future per reply in arrival
 order (``stream``), or a queue (``Channel``).  Receivers also record which
 processes still owe them an answer, so that a failed process can fail exactly
 the waits that depend on it.
+
+:class:`Port` and :class:`PortReceiver` are the public faces of a port
+(re-exported by ``mpimesh.channel``): value types that actors create and
+receive as well as the controller script, so they live here, below the
+public modules.
 """
 
 from __future__ import annotations
@@ -15,17 +20,18 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from ..errors import ActorError, RemoteException, SupervisionError
+from ..errors import ActorError, MeshInternalError, RemoteException, SupervisionError
 from ..future import Future
 from ..shape import Shape
 from . import serialize as _serialize
-from .protocol import Status
+from .protocol import Frame, PortRef, Status
 
-__all__ = ["PortTable", "Receiver", "OneReply", "Gather", "Stream", "Queue", "decode"]
+__all__ = ["PortTable", "Receiver", "OneReply", "Gather", "Stream", "Queue", "decode", "Port", "PortReceiver"]
 
 Addr = tuple[int, int]
+R = TypeVar("R")
 
 _VALUE = Status.VALUE
 # concurrent.futures' name of the state of a future nobody settled or cancelled
@@ -272,14 +278,14 @@ class PortTable:
         """Forget a port (late replies to it are dropped)."""
         self._open.pop(pid, None)
 
-    def on_reply(self, src: Addr, frame: tuple[Any, ...], buffers: list[Any]) -> None:
-        """The REPLY frame handler: ``(REPLY, sizes, port id, index, status, body)``.
+    def on_reply(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """The REPLY frame handler (see ``protocol.reply``).
 
         A reply to a closed port (a late one, after a failure) is dropped.
         """
-        pid = frame[2]
+        _, _, pid, index, status, body = frame
         receiver = self._open.get(pid)
-        if receiver is not None and receiver.deliver(frame[3], frame[4], frame[5], buffers, src):
+        if receiver is not None and receiver.deliver(index, status, body, buffers, src):
             self._open.pop(pid, None)
 
     def fail_source(self, addr: Addr, report: str) -> int:
@@ -292,3 +298,84 @@ class PortTable:
 
     def __len__(self) -> int:
         return len(self._open)
+
+
+# --- the public faces of a port -------------------------------------------------------------------
+
+
+class _Replier(Protocol):
+    """What a :class:`Port` needs of this process's runtime."""
+
+    @property
+    def host(self) -> str: ...
+
+    def reply(self, port: PortRef, index: int, status: int, value: Any) -> None: ...
+
+
+#: This process's runtime, set when it starts (as ``future._driver`` is).  A
+#: Port reaches it from here: it may have arrived in a message, and this
+#: module sits below the runtime, which cannot be imported from here.
+runtime: _Replier | None = None
+
+
+def _runtime(port: Port[Any]) -> _Replier:
+    rt = runtime
+    if rt is None:
+        raise MeshInternalError(f"{port!r} used in a process with no runtime")
+    return rt
+
+
+class Port(Generic[R]):
+    """The sending end of a channel; pickles, so it can be passed to actors.
+
+    Messages from one sender arrive in the order they were sent.
+    """
+
+    def __init__(self, port: PortRef, index: int = -1) -> None:
+        self._port = port
+        self._index = index
+
+    def __repr__(self) -> str:
+        (island, rank), pid = self._port
+        return f"Port({island}.{rank}#{pid})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Port, (self._port, self._index))
+
+    def send(self, obj: R) -> None:
+        """Send ``obj`` to the receiver; returns at once.
+
+        Raises:
+            TypeError: ``obj`` cannot be pickled.
+        """
+        rt = _runtime(self)
+        try:
+            rt.reply(self._port, self._index, Status.OK, obj)
+        except Exception as exc:
+            raise TypeError(
+                f"cannot send {_serialize.describe(obj)} on {self!r}: {exc}; send data that pickles"
+            ) from exc
+
+    def exception(self, exc: Exception) -> None:
+        """Make the receiver's next ``recv()`` raise ``exc`` (as an ActorError)."""
+        rt = _runtime(self)
+        payload = _serialize.error_payload(exc, f"### port sender on {rt.host}", -1, {}, rt.host)
+        rt.reply(self._port, self._index, Status.ERROR, payload)
+
+
+class PortReceiver(Generic[R]):
+    """The receiving end of a channel; lives in the process that opened it."""
+
+    def __init__(self, queue: Queue, port: Port[R]) -> None:
+        self._queue = queue
+        self._port = port
+
+    def __repr__(self) -> str:
+        return f"PortReceiver({self._port!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError(f"cannot pickle {self!r}: a receiver stays in its process; send its Port instead")
+
+    def recv(self) -> Future[R]:
+        """The next message, as a future (in arrival order)."""
+        return self._queue.recv()

@@ -108,10 +108,10 @@ _declare(_SPAWN, "SPAWN", "key name point is_async body reply_port creator sys_p
 
 
 def spawn(bufsizes: tuple[int, ...] | None, key: Key, name: str, point: Any, is_async: bool, body: bytes,
-          reply_port: PortRef, creator: tuple[Addr, Addr], sys_path: list[str]) -> Frame:
+          reply_port: PortRef, creator: tuple[str, Addr], sys_path: list[str]) -> Frame:
     """Any -> worker: create one actor of mesh ``key`` at ``point`` from the pickled ``body``.
 
-    ``creator`` is ``(creating process, spawning process)``; the actor's
+    ``creator`` is ``(creating actor's id, spawning process)``; the actor's
     failures go to the second.  The actor answers on ``reply_port`` once its
     ``__init__`` has run.
     """

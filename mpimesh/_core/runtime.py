@@ -27,6 +27,7 @@ from ..config import settings
 from ..errors import MeshInternalError
 from ..supervision import MeshFailure
 from . import current as _current
+from . import ports as _ports
 from . import serialize as _serialize
 from .actors import ActorHost
 from .ports import PortTable
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from .._roles.liveness import Liveness
     from .._transport.bell import Ringer
     from ..shape import Shape
-    from .actors import _Cell
+    from .actors import _Actor
 
 __all__ = ["Runtime", "current", "boot_controller", "debug"]
 
@@ -65,7 +66,7 @@ class Owned:
 
     __slots__ = ("name", "class_name", "addrs", "shape", "owner")
 
-    def __init__(self, name: str, class_name: str, addrs: tuple[Addr, ...], shape: Shape, owner: _Cell | None) -> None:
+    def __init__(self, name: str, class_name: str, addrs: tuple[Addr, ...], shape: Shape, owner: _Actor | None) -> None:
         self.name = name
         self.class_name = class_name
         self.addrs = addrs
@@ -272,10 +273,10 @@ class Runtime:
             if ranks:
                 self.supervise(owned.owner, owned.failure(ranks, report))
 
-    def supervise(self, owner: _Cell | None, failure: MeshFailure) -> None:
+    def supervise(self, owner: _Actor | None, failure: MeshFailure) -> None:
         """Deliver ``failure`` to the owner actor, or to the fault hook at the top."""
         if owner is not None:
-            owner.put(("supervise", failure, None))
+            owner.supervise(failure)
             return
         if self.controller is None:
             print(f"mpimesh: failure with no owner in worker {self.addr}:\n{failure.report()}",
@@ -390,6 +391,7 @@ def _install(rt: Runtime) -> None:
     global _runtime
     _runtime = rt
     _current.runtime = rt
+    _ports.runtime = rt
     future._driver = rt.progress.wait
 
 

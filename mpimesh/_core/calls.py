@@ -1,0 +1,347 @@
+"""Requests from the public mesh API: calls, spawns and stops of actors, processes, channels.
+
+The public modules (``actor_mesh``, ``proc_mesh``, ``channel``, ``rma``)
+check their arguments and hand each request to this module, as mpi4py's
+``MPIPoolExecutor.submit`` hands its task to the pool.  Here the request
+becomes frames (built by the constructors of ``protocol``), the reply port
+is opened, and the frames are sent.  Every request that waits for answers
+sends through one function, :func:`_post`: a target known dead, or one that
+the send finds failed, fails the wait at once instead of leaving it hanging.
+
+An actor mesh's inner handle is a :class:`MeshRef` (Monarch's
+``ActorMesh._inner``): the mesh's key, the address and message point of each
+actor, and the call sites this process registered.
+
+Call sites (``protocol.site_call``): the first ``call_one`` from this
+process to an (actor, method, point) sends a full CALL frame that also
+registers a site number with the actor's process; later calls with plain
+positional arguments send only the number, the reply port and the
+arguments.  The SITE_CALL travels the path of the CALL that registered it,
+so it cannot overtake it.  ``docs/design/calls.md`` says why this shortcut
+exists and what it costs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..context import context
+from ..errors import SupervisionError
+from ..future import Future
+from ..shape import Shape
+from . import current as _current
+from . import protocol
+from . import serialize as _serialize
+from .ports import Gather, OneReply, Port, PortReceiver, Queue, Receiver
+from .protocol import CONTROLLER, Frame, Key
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = ["Here", "MeshRef", "allocate_procs", "here", "open_channel", "release_procs"]
+
+Addr = tuple[int, int]
+#: A message point as it travels: ``(rank, labels, sizes)`` in the mesh the caller addressed.
+RawPoint = tuple[int, tuple[str, ...], tuple[int, ...]]
+
+_NO_BUFFERS: list[Any] = []
+_ATOMS = _serialize.ATOMS
+_site_call = protocol.site_call
+
+
+class Here(Protocol):
+    """What the public layer may read of this process: where it is, and which processes have died."""
+
+    @property
+    def addr(self) -> Addr:
+        """This process's ``(island, rank)``."""
+
+    @property
+    def host(self) -> str:
+        """This process's host name."""
+
+    @property
+    def dead(self) -> dict[Addr, str]:
+        """Every process known dead, with the report of its death (read only)."""
+
+
+def here() -> Here:
+    """This process (booting an embedded controller if no runtime runs yet)."""
+    return _current.current()
+
+
+def _post(rt: Runtime, addr: Addr, frame: Frame, buffers: list[Any], waiting: Receiver | None, pid: int) -> str | None:
+    """Send ``frame`` to ``addr`` for the receiver ``waiting`` (open as port ``pid``, if any).
+
+    Returns:
+        ``None`` once sent; else why not (``addr`` is known dead, or the send
+        found it failed), after failing ``waiting`` for ``addr`` and closing
+        its port if that was the last answer it waited for.
+    """
+    dead = rt.dead
+    if dead and addr in dead:
+        report = dead[addr]
+    else:
+        try:
+            rt.router.send(addr, frame, buffers)
+            return None
+        except ConnectionError as exc:
+            report = str(exc)
+    if waiting is not None and waiting.fail(addr, report):
+        rt.ports.close(pid)
+    return report
+
+
+def _sizes(buffers: list[Any]) -> tuple[int, ...] | None:
+    return tuple(b.nbytes for b in buffers) if buffers else None
+
+
+def _encode(what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """A CALL's arguments: ``(args, kwargs)`` itself when plain data (see ``serialize.plain``), else their pickle.
+
+    Raises:
+        TypeError: the arguments do not pickle.
+    """
+    if _serialize.plain(args) and (not kwargs or _serialize.plain(kwargs)):
+        return (args, kwargs), _NO_BUFFERS
+    try:
+        return _serialize.dumps((args, kwargs))
+    except Exception as exc:
+        raise TypeError(
+            f"cannot pickle the arguments of {what}(): {exc}; pass data that pickles (not locks, sockets or open files)"
+        ) from exc
+
+
+# --- actor meshes ---------------------------------------------------------------------------------
+
+
+class MeshRef:
+    """The inner handle of an actor mesh: which actors a (sliced) mesh addresses, and how to reach them.
+
+    Args:
+        key: the mesh's job-wide id.
+        shape: the (possibly sliced) view of the mesh this handle addresses.
+        addrs: the address of every actor of the whole mesh, by base index.
+
+    It pickles as those three; the call sites it registered stay in this
+    process.  The caller checks the arguments and whether the mesh was
+    stopped; every operation returns at once.
+    """
+
+    __slots__ = ("key", "shape", "addrs", "_targets", "_points", "_sites")
+
+    def __init__(self, key: Key, shape: Shape, addrs: tuple[Addr, ...]) -> None:
+        self.key = key
+        self.shape = shape
+        self.addrs = addrs
+        # per rank of this view: the actor's address and the message point, made on first use
+        self._targets: list[Addr] | None = None
+        self._points: list[RawPoint] = []
+        # method (rank 0) or (method, rank) -> (call site, actor's address), registered from this process
+        self._sites: dict[Any, tuple[int, Addr]] = {}
+
+    def __repr__(self) -> str:
+        return f"MeshRef({self.key}, {self.shape!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MeshRef, (self.key, self.shape, self.addrs))
+
+    def new_with_shape(self, shape: Shape) -> MeshRef:
+        """A handle on the view ``shape`` of the same mesh."""
+        return MeshRef(self.key, shape, self.addrs)
+
+    @property
+    def targets(self) -> list[Addr]:
+        """The address of each actor of this view, by rank."""
+        return self._targets or self._resolve()
+
+    def point(self, rank: int) -> RawPoint:
+        """The message point a call to ``rank`` of this view carries."""
+        if self._targets is None:
+            self._resolve()
+        return self._points[rank]
+
+    def _resolve(self) -> list[Addr]:
+        shape = self.shape
+        labels, sizes = shape.labels, shape.sizes
+        self._points = [(rank, labels, sizes) for rank in range(len(shape))]
+        self._targets = [self.addrs[i] for i in shape.ranks()]
+        return self._targets
+
+    @classmethod
+    def spawn(
+        cls, name: str, class_name: str, shape: Shape, addrs: list[Addr], is_async: bool, body: bytes,
+        buffers: list[Any],
+    ) -> tuple[MeshRef, Future[None]]:
+        """Create one actor at each of ``addrs`` (the processes of ``shape``) from the pickled ``body``.
+
+        The calling actor (or the controller script) owns the new mesh: its
+        failures go to that actor's ``__supervise__``.
+
+        Returns:
+            The new mesh's handle, and the future done when every actor's
+            ``__init__`` has run.
+        """
+        from .runtime import Owned  # noqa: PLC0415 - keeps `import mpimesh` free of MPI
+
+        rt = _current.current()
+        key = rt.new_id()
+        fut: Future[None] = Future(f"{name}.initialized")
+        waiting = Gather(fut, f"{name}.__init__", shape, addrs, values=False)
+        pid = rt.ports.open(waiting)
+        port = (rt.addr, pid)
+        instance = context().actor_instance
+        creator = (instance.actor_id, rt.addr)
+        rt.owned[key] = Owned(name, class_name, tuple(addrs), shape, instance._actor)
+        sizes = _sizes(buffers)
+        # Classes from importable modules travel by reference: the workers
+        # need the spawner's sys.path (pytest, for one, extends it late).
+        path = list(sys.path)
+        for rank, addr in enumerate(addrs):
+            point = (rank, shape.labels, shape.sizes)
+            frame = protocol.spawn(sizes, key, name, point, is_async, body, port, creator, path)
+            _post(rt, addr, frame, buffers, waiting, pid)
+        return cls(key, shape.dense(), tuple(addrs)), fut
+
+    def stop(self, what: str, reason: str) -> Future[None]:
+        """Stop every actor of this (whole) mesh after its pending messages; done once all have.
+
+        The mesh's failures are no longer reported from then on.
+        """
+        rt = _current.current()
+        rt.owned.pop(self.key, None)
+        fut: Future[None] = Future(f"{what}.stop()")
+        targets = self.targets
+        waiting = Gather(fut, f"{what}.stop", self.shape, targets, values=False)
+        pid = rt.ports.open(waiting)
+        port = (rt.addr, pid)
+        for rank, addr in enumerate(targets):
+            _post(rt, addr, protocol.stop(self.key, port, rank, reason), _NO_BUFFERS, waiting, pid)
+        return fut
+
+    def cast(
+        self, method: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+        receiver: Callable[[list[Addr]], Receiver] | None,
+    ) -> None:
+        """Call ``method`` on every actor of this view; ``receiver(addrs)`` takes the replies (None: nobody waits).
+
+        A target known dead, or one a send finds failed, fails its part of
+        the wait.  With nobody waiting (a broadcast) it raises instead.
+
+        Raises:
+            TypeError: the arguments do not pickle.
+            SupervisionError: a broadcast reaches a dead actor.
+        """
+        rt = _current.current()
+        addrs = self.targets
+        dead = rt.dead
+        if dead and receiver is None:
+            for addr in addrs:
+                if addr in dead:
+                    raise SupervisionError(f"cannot broadcast {what}(): {dead[addr]}", endpoint=method)
+        payload, buffers = _encode(what, args, kwargs)
+        waiting = None
+        port = None
+        pid = 0
+        if receiver is not None:
+            waiting = receiver(addrs)
+            pid = rt.ports.open(waiting)
+            port = (rt.addr, pid)
+        sizes = _sizes(buffers)
+        key = self.key
+        points = self._points
+        for rank, addr in enumerate(addrs):
+            report = _post(rt, addr, protocol.call(sizes, key, method, payload, port, points[rank]), buffers, waiting,
+                           pid)
+            if report is not None and waiting is None:
+                raise SupervisionError(f"cannot broadcast {what}(): {report}", endpoint=method)
+
+    def cast_one(
+        self, method: str, name: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank: int
+    ) -> OneReply:
+        """Call ``method`` on the actor at ``rank`` of this view; returns the future its reply settles.
+
+        ``name`` names the future (``"mesh.method.call_one()"``); ``what``
+        names the endpoint in errors.
+
+        Raises:
+            TypeError: the arguments do not pickle.
+        """
+        rt = _current.runtime or _current.current()
+        here = method if rank == 0 else (method, rank)
+        site = self._sites.get(here) or self._known_site(rt, here, method, rank)
+        plain = not kwargs and len(args) <= 32 and _ATOMS.issuperset(map(type, args))
+        if site is not None and plain:
+            number, addr = site
+            fut = OneReply(name, what, addr, self.shape, rank)
+            pid = rt.ports.open(fut)
+            _post(rt, addr, _site_call(number, pid, args), _NO_BUFFERS, fut, pid)
+            return fut
+        # A full CALL frame, which registers a call site if there is none yet.
+        addr = self.targets[rank]
+        point = self._points[rank]
+        payload, buffers = ((args, kwargs), _NO_BUFFERS) if plain else _encode(what, args, kwargs)
+        fut = OneReply(name, what, addr, self.shape, rank)
+        pid = rt.ports.open(fut)
+        port = (rt.addr, pid)
+        if site is not None:
+            _post(rt, addr, protocol.call(_sizes(buffers), self.key, method, payload, port, point), buffers, fut, pid)
+            return fut
+        number = rt.new_site()
+        frame = protocol.call_registering(_sizes(buffers), self.key, method, payload, port, point, number)
+        if _post(rt, addr, frame, buffers, fut, pid) is None:
+            # Sent: the site's CALL is ahead of any later call on this path.
+            rt.sites[addr, self.key, method, point] = number
+            self._sites[here] = (number, addr)
+        return fut
+
+    def _known_site(self, rt: Runtime, here: Any, method: str, rank: int) -> tuple[int, Addr] | None:
+        # A site this process registered through another handle on the same actor and point.
+        addr = self.targets[rank]
+        number = rt.sites.get((addr, self.key, method, self._points[rank]))
+        if number is None:
+            return None
+        site = self._sites[here] = (number, addr)
+        return site
+
+
+# --- processes and channels -----------------------------------------------------------------------
+
+
+def _ask_controller(rt: Runtime, op: str, arg: Any, name: str, what: str) -> OneReply:
+    fut = OneReply(name, what, CONTROLLER)
+    pid = rt.ports.open(fut)
+    _post(rt, CONTROLLER, protocol.procs(op, arg, (rt.addr, pid)), _NO_BUFFERS, fut, pid)
+    return fut
+
+
+def allocate_procs(n: int) -> tuple[Key, list[Addr], list[str]]:
+    """Take ``n`` worker processes from the controller (blocks until they are ready).
+
+    Returns:
+        A new process mesh's key, and the processes' addresses and hosts.
+    """
+    rt = _current.current()
+    if rt.controller is not None:
+        placed = [(p.addr, p.host) for p in rt.controller.allocate(n)]
+    else:
+        placed = _ask_controller(rt, "alloc", n, "spawn_procs", "spawn_procs").get()
+    return rt.new_id(), [a for a, _ in placed], [h for _, h in placed]
+
+
+def release_procs(addrs: list[Addr], reason: str) -> Future[None]:
+    """Give processes back to the controller (their actors are stopped first); done once they are."""
+    rt = _current.current()
+    if rt.controller is not None:
+        return rt.controller.release_async(addrs, reason)
+    return _ask_controller(rt, "release", (addrs, reason), "ProcMesh.stop()", "ProcMesh.stop")
+
+
+def open_channel(once: bool, ranked: bool) -> tuple[Port[Any], PortReceiver[Any]]:
+    """A new port whose receiver lives in this process (see ``mpimesh.Channel``)."""
+    rt = _current.current()
+    queue = Queue("Channel", once=once, ranked=ranked)
+    port: Port[Any] = Port((rt.addr, rt.ports.open(queue)))
+    return port, PortReceiver(queue, port)
