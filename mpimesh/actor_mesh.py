@@ -37,6 +37,7 @@ class Endpoint(Generic[R]):
         self._what = f"{mesh._name}.{info.name}"
         self._single = len(mesh) == 1
         self._call_one_name = f"{self._what}.call_one()"
+        self._cast_one = mesh._ref.cast_one
         self._checks = info.check is not None
         # The numbers of positional arguments the signature check has accepted:
         # a call with that many positional arguments and no keywords passes it too.
@@ -97,7 +98,7 @@ class Endpoint(Generic[R]):
         if selection is None:
             mesh._ref.cast(self._name, self._what, args, kwargs, port)  # type: ignore[arg-type]
             return None
-        return mesh._ref.cast_one(self._name, port, self._what, args, kwargs, selection)  # type: ignore[arg-type]
+        return self._cast_one(self._name, port, self._what, args, kwargs, selection)  # type: ignore[arg-type]
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Call every actor of the mesh; the future gives a ValueMesh shaped like it.

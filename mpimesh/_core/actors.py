@@ -426,7 +426,10 @@ class _Actor:
         except BaseException as exc:
             self._failed_call(exc, port, index, method)
         else:
-            self._answer(port, index, result, method)
+            if port is not None and type(result) in _SCALARS:
+                self.runtime.reply_value(port[0], port[1], index, result)  # plain data: cannot fail to pickle
+            else:
+                self._answer(port, index, result, method)
 
     async def _finish_async(self, awaitable: Any, port: PortRef | None, index: int, method: str, ctx: Context) -> None:
         # The rest of _invoke for a coroutine: await it, in the message's context, then answer.
@@ -472,9 +475,6 @@ class _Actor:
 
     def _answer(self, port: PortRef | None, index: int, result: Any, method: str) -> None:
         if port is None:
-            return
-        if type(result) in _SCALARS:
-            self.runtime.reply_value(port[0], port[1], index, result)  # cannot fail to pickle
             return
         try:
             self.runtime.reply(port, index, Status.OK, result)
