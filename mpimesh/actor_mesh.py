@@ -171,6 +171,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         owned: bool = False,
     ) -> None:
         self._ref = ref
+        self._shape = ref.shape
         self._name = name
         self._class_name = class_name
         self._endpoints = endpoints
@@ -178,10 +179,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._initialized = initialized
         self._owned = owned
         self._stopped = False
-
-    @property
-    def _shape(self) -> Shape:  # type: ignore[override]
-        return self._ref.shape
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         return ActorMesh(ref=self._ref.new_with_shape(shape), **self._state(), initialized=self._initialized)
