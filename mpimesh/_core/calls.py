@@ -32,6 +32,7 @@ from ..errors import SupervisionError
 from ..future import Future
 from ..shape import Shape
 from . import current as _current
+from . import ports as _ports
 from . import protocol
 from . import serialize as _serialize
 from .ports import Gather, OneReply, Port, PortReceiver, Queue, Receiver
@@ -345,3 +346,7 @@ def open_channel(once: bool, ranked: bool) -> tuple[Port[Any], PortReceiver[Any]
     queue = Queue("Channel", once=once, ranked=ranked)
     port: Port[Any] = Port((rt.addr, rt.ports.open(queue)))
     return port, PortReceiver(queue, port)
+
+
+# A Port that arrived in a message sends through this process's runtime.
+_ports.current = _current.current

@@ -312,17 +312,17 @@ class _Replier(Protocol):
     def reply(self, port: PortRef, index: int, status: int, value: Any) -> None: ...
 
 
-#: This process's runtime, set when it starts (as ``future._driver`` is).  A
-#: Port reaches it from here: it may have arrived in a message, and this
-#: module sits below the runtime, which cannot be imported from here.
-runtime: _Replier | None = None
+#: This process's runtime (``_core.current.current``), installed by
+#: ``_core.calls`` when it is imported.  The runtime imports this module, so
+#: this module cannot import it back; a Port, which may have arrived in a
+#: message, finds the runtime through this.
+current: Callable[[], _Replier] | None = None
 
 
 def _runtime(port: Port[Any]) -> _Replier:
-    rt = runtime
-    if rt is None:
-        raise MeshInternalError(f"{port!r} used in a process with no runtime")
-    return rt
+    if current is None:
+        raise MeshInternalError(f"{port!r} used before mpimesh._core.calls was imported")
+    return current()
 
 
 class Port(Generic[R]):

@@ -27,7 +27,6 @@ from ..config import settings
 from ..errors import MeshInternalError
 from ..supervision import MeshFailure
 from . import current as _current
-from . import ports as _ports
 from . import serialize as _serialize
 from .actors import ActorHost
 from .ports import PortTable
@@ -391,7 +390,6 @@ def _install(rt: Runtime) -> None:
     global _runtime
     _runtime = rt
     _current.runtime = rt
-    _ports.runtime = rt
     future._driver = rt.progress.wait
 
 
