@@ -261,4 +261,5 @@ def this_proc() -> ProcMesh:
     return ProcMesh(Shape.unity(), (here.addr,), (here.host,), key=(island, rank, 0))
 
 
+# context.Instance.proc gives this (context, a value leaf, imports no mesh module).
 _context._this_proc = this_proc
