@@ -417,7 +417,7 @@ class _Actor:
         :meth:`_finish_async` answers once it is done.
         """
         try:
-            result = fn(*args, **kwargs)
+            result = fn(*args, **kwargs) if kwargs else fn(*args)  # no dict built for the common call
             if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
                 if pending is None:
                     raise TypeError(f"endpoint {method} returned an awaitable in a sync actor; declare it async def")
