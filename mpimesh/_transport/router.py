@@ -332,7 +332,7 @@ class Router:
     def _post(self, link: _Link, rank: int, data: bytes, buffers: Sequence[Any], quiet: bool = False) -> None:
         now = _monotonic()
         lock = self._send_lock
-        lock.acquire()  # not `with`: cheaper, on every frame
+        lock.acquire()  # not `with`: cheaper on every frame (docs/design/transport.md, "The locks")
         try:
             self._frames_out += 1
             if not quiet:
@@ -539,7 +539,8 @@ class Router:
                         if msg is None:
                             # Open MPI often matches a message only at the
                             # probe after the one whose progress pulled it
-                            # in: a second probe saves a poll round per leg.
+                            # in: a second probe saves a poll round per leg
+                            # (docs/design/transport.md, "Receiving").
                             msg = comm.improbe(MPI.ANY_SOURCE, TAG_FRAME, status)
                     except MPI.Exception as exc:
                         if exc.Get_error_class() not in _FAILED_CLASSES:
