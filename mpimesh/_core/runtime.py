@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import future
 from .._roles.liveness import start_last_words
+from .._transport import make_router
 from .._transport.mpi import MPI, hostname
-from .._transport.router import CONTROLLER, Addr, Router
+from .._transport.router import CONTROLLER, Addr
 from ..config import settings
 from ..errors import MeshInternalError
 from ..supervision import MeshFailure
@@ -91,7 +92,7 @@ class Runtime:
         self.host = hostname()
         self.pid = os.getpid()
         self._handlers: dict[int, Callable[[Addr, Frame, list[Any]], None]] = {}
-        self.router = Router(addr, self._handlers, self._mpi_failed, self._broken)
+        self.router = make_router(addr, self._handlers, self._mpi_failed, self._broken, names=NAMES)
         self.router.every_ms = self._every_ms
         self.progress = Progress(self.router.poll, lambda: self.router.sent_at)
         self.router.on_hold = self.progress.kick

@@ -25,11 +25,11 @@ import faulthandler
 import os
 import select
 import shutil
-import tempfile
 import time
 from typing import IO, TYPE_CHECKING
 
 from .._core.protocol import Kind
+from .._transport.bell import job_dir
 from ..config import settings
 
 if TYPE_CHECKING:
@@ -44,11 +44,6 @@ Addr = tuple[int, int]
 _PING_AFTER = 2.0
 
 _last_words: IO[str] | None = None
-
-
-def job_dir(controller_pid: int) -> str:
-    """A directory for this job's last-words files (on the controller's host)."""
-    return os.path.join(tempfile.gettempdir(), f"mpimesh-{controller_pid}")
 
 
 def last_words_path(controller_pid: int, addr: Addr) -> str:
