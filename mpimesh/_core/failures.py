@@ -45,9 +45,11 @@ _MPI_REPORT_GRACE = 0.2
 
 
 class Owner(Protocol):
-    """An actor that owns meshes: its mailbox takes ``("supervise", failure, None)``."""
+    """An actor that owns meshes (``_core.actors``)."""
 
-    def put(self, item: Any) -> None: ...
+    def supervise(self, failure: MeshFailure) -> None:
+        """Hand ``failure`` to the actor's ``__supervise__``, in mailbox order."""
+        ...
 
 
 class Owned:
@@ -191,7 +193,7 @@ class Failures:
     def supervise(self, owner: Owner | None, failure: MeshFailure) -> None:
         """Deliver ``failure`` to the owner actor, or to the role at the top."""
         if owner is not None:
-            owner.put(("supervise", failure, None))
+            owner.supervise(failure)
             return
         self._process.role.unhandled(failure)
 
