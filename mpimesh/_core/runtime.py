@@ -27,6 +27,7 @@ from .._transport.router import Addr, Router
 from ..errors import MeshInternalError
 from ..future import Future
 from . import failures as _failures
+from . import protocol
 from . import serialize as _serialize
 from .actors import ActorHost
 from .failures import Failures
@@ -187,11 +188,10 @@ class Runtime:
         frame: Frame
         buffers: list[Any]
         if status == _FAILED:
-            frame, buffers = (_REPLY, None, port[1], index, _FAILED, str(value)), []
+            frame, buffers = protocol.reply(None, port[1], index, _FAILED, str(value)), []
         else:
             body, buffers = _serialize.dumps(value)
-            sizes = tuple(b.nbytes for b in buffers) or None
-            frame = (_REPLY, sizes, port[1], index, status, body)
+            frame = protocol.reply(tuple(b.nbytes for b in buffers) or None, port[1], index, status, body)
         try:
             self.router.send(dest, frame, buffers)
         except ConnectionError:
@@ -202,6 +202,7 @@ class Runtime:
         if dest in self.dead:
             return
         try:
+            # protocol.reply's layout, written out: every plain answer takes this path
             self.router.send(dest, (_REPLY, None, pid, index, _VALUE, value))
         except ConnectionError:
             debug(f"reply to {dest} dropped: it has failed", self.addr)
@@ -209,7 +210,7 @@ class Runtime:
     def fault(self, key: Key, rank: int, report: str, spawner: Addr) -> None:
         """Tell the process that spawned an actor that the actor has failed."""
         try:
-            self.router.send(spawner, (Kind.FAULT, None, key, rank, report))
+            self.router.send(spawner, protocol.fault(key, rank, report))
         except ConnectionError:
             warn(f"actor failure with its owner gone:\n{report}")
 
