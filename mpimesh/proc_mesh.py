@@ -10,8 +10,8 @@ from typing import Any, TypeVar, cast
 
 from ._core import current as _current
 from ._core import serialize as _serialize
-from ._core.ports import Gather, OneReply
-from ._core.protocol import CONTROLLER, Kind
+from ._core.ports import Gather
+from ._core.protocol import Kind
 from .actor import Actor, endpoint_table
 from .context import context
 from .future import Future
@@ -156,12 +156,7 @@ class ProcMesh(MeshTrait):
         self._stopped = True
         rt = _current.current()
         addrs = [self._addrs[i] for i in self._shape.ranks()]
-        if rt.controller is not None:
-            return rt.controller.release_async(addrs, reason)
-        fut = OneReply("ProcMesh.stop()", "ProcMesh.stop", CONTROLLER)
-        port = (rt.addr, rt.ports.open(fut))
-        rt.send(CONTROLLER, (Kind.PROCS, None, "release", (addrs, reason), port))
-        return fut
+        return rt.role.release(addrs, reason)
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -262,13 +257,7 @@ class HostMesh(MeshTrait):
                 )
         n = len(self) * math.prod(dims.values())
         rt = _current.current()
-        if rt.controller is not None:
-            placed = [(p.addr, p.host) for p in rt.controller.allocate(n)]
-        else:
-            fut = OneReply("spawn_procs", "spawn_procs", CONTROLLER)
-            port = (rt.addr, rt.ports.open(fut))
-            rt.send(CONTROLLER, (Kind.PROCS, None, "alloc", n, port))
-            placed = fut.get()
+        placed = rt.role.allocate(n)
         shape = Shape.row_major(self._shape.labels + tuple(dims), self._shape.sizes + tuple(dims.values()))
         procs = ProcMesh(
             shape,

@@ -136,6 +136,10 @@ class _Cell:
     def request_stop(self, reason: str) -> None:
         self.put(("stop", reason, None))
 
+    def supervise(self, failure: Any) -> None:
+        """Hand a failure of a mesh this actor owns to its ``__supervise__``, in mailbox order."""
+        self.put(("supervise", failure, None))
+
     # -- thread bodies -----------------------------------------------------
 
     def _main(self) -> None:
