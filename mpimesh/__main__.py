@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m mpimesh``."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
-        from ._roles.worker import main_spawned
+        from ._roles.boot import main_spawned
 
         return main_spawned(int(argv[2]))
     kind, target, args = _parse(argv)
@@ -82,33 +82,27 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.path[0] = os.getcwd()
 
+    from ._launch.world_check import check_world_size
     from ._transport.mpi import MPI
 
     world = MPI.COMM_WORLD
     try:
-        from ._launch.world_check import check_world_size
-    except ImportError:  # pragma: no cover - launcher checks not installed
-        check_world_size = None  # type: ignore[assignment]
-    if check_world_size is not None:
-        try:
-            check_world_size(world.Get_size(), os.environ)
-        except (RuntimeError, ValueError) as exc:
-            if world.Get_rank() == 0:
-                print(f"mpimesh: {exc}", file=sys.stderr, flush=True)
-            return 1
+        check_world_size(world.Get_size(), os.environ)
+    except (RuntimeError, ValueError) as exc:
+        if world.Get_rank() == 0:
+            print(f"mpimesh: {exc}", file=sys.stderr, flush=True)
+        return 1
     if world.Get_rank() != 0:
-        from ._roles.worker import main_pool
+        from ._roles.boot import main_pool
 
         return main_pool(world)
 
-    from ._core.runtime import boot_controller
+    from ._roles.boot import boot_controller
 
-    rt = boot_controller(world)
+    controller = boot_controller(world)
     code = _run(kind, target, args)
     sys.stdout.flush()
-    if rt.controller is not None:
-        code = rt.controller.leave(code)
-    return code
+    return controller.leave(code)
 
 
 if __name__ == "__main__":

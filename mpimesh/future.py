@@ -10,6 +10,7 @@ that very thread.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import sys
 import threading
 import time
@@ -46,8 +47,8 @@ class _Lazy:
 
     A descriptor rather than ``__getattr__``: a class with ``__getattr__``
     loses CPython's specialised attribute access on all its attributes
-    (~12 ns more for each ``self._state``).  Once made, the instance's own
-    attribute hides the descriptor.
+    (docs/design/runtime.md, "Future: figures").  Once made, the instance's
+    own attribute hides the descriptor.
     """
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -82,7 +83,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
 
     def __init__(self, what: str = "") -> None:
         # Not super().__init__(): its Condition (an RLock, a deque and seven
-        # bound methods) was the largest cost of issuing a call, and most
+        # bound methods) is the largest cost of issuing a call, and most
         # futures are settled before anybody sleeps on them.  The condition,
         # the waiter list and the callbacks are made on first use; the state,
         # result and exception are the class's until set.
@@ -92,7 +93,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
     _waiters = _Lazy()
     _done_callbacks = _Lazy()
     # whether they have been made (an attribute: reading __dict__ would
-    # materialise it, which costs ~60 ns and slows every later access)
+    # materialise it, which slows every later access)
     _made = False
 
     def _cond(self) -> threading.Condition:
@@ -107,7 +108,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
         if self._made:
             return False
         lock = _lazy_lock
-        lock.acquire()  # not `with`: 80 ns less, on every reply
+        lock.acquire()  # not `with`: cheaper, and this runs on every reply
         try:
             if self._made:
                 return False
@@ -158,14 +159,13 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
     def _wait_showing(self, driver: Callable[..., bool], timeout: float | None, every: float) -> bool:
         # MPIMESH_SHOW_WAITS: say on stderr what a long wait is waiting for.
         start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
+        end = math.inf if timeout is None else start + timeout  # as _core.progress.deadline
         while True:
-            now = time.monotonic()
-            chunk = every if deadline is None else min(every, deadline - now)
+            chunk = min(every, end - time.monotonic())
             if driver(self.done, self._cond, max(0.0, chunk)):
                 return True
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if now >= end:
                 return False
             print(f"mpimesh: still waiting for {self._what or 'a future'} after {now - start:.0f} s",
                   file=sys.stderr, flush=True)
@@ -185,7 +185,7 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
             self._wait(timeout)
         if self._state == _FINISHED and self._exception is None:
             # Without the stdlib's result(): it takes the condition, which
-            # would make it (1.5 us) for a future nobody ever slept on.
+            # would make it for a future nobody ever slept on.
             return self._result  # type: ignore[return-value]
         return super().result(0)  # type: ignore[no-any-return]
 

@@ -15,14 +15,12 @@ of the mesh fail before anything is sent.  Calls to healthy slices go on.
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MeshFailure", "unhandled_fault_hook", "default_unhandled_fault_hook"]
+__all__ = ["MeshFailure", "Unhandled", "default_unhandled_fault_hook", "unhandled_fault_hook"]
 
 
 @dataclass
@@ -58,29 +56,32 @@ class MeshFailure:
         return self.report()
 
 
+class Unhandled(SystemExit):
+    """Raised by :func:`default_unhandled_fault_hook`: the failure is unhandled; exit status 1.
+
+    Like Monarch's default hook, which calls ``sys.exit(1)``: it is a
+    ``SystemExit``, and the controller, which runs the hook, ends the job.
+    """
+
+
 def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     """Print the failure and end the whole job with exit status 1.
 
-    Every worker is stopped first (bounded by ``MPIMESH_SHUTDOWN_TIMEOUT``),
-    so no process is left behind.  Replace it by assigning
-    ``mpimesh.unhandled_fault_hook = my_hook``.
+    It raises :class:`Unhandled` (a ``SystemExit(1)``); the controller, which
+    runs the hook, then stops every worker (bounded by
+    ``MPIMESH_SHUTDOWN_TIMEOUT``), so no process is left behind, and exits.
+    Replace it by assigning ``mpimesh.unhandled_fault_hook = my_hook``.
+
+    Raises:
+        Unhandled: always.
     """
     print(f"mpimesh: unhandled failure, ending the job:\n{failure.report()}", file=sys.stderr, flush=True)
-    from ._core import current as _current
-
-    rt = _current.current()
-    if rt.controller is not None:
-        try:
-            rt.controller.shutdown(1)
-        except BaseException:
-            traceback.print_exc()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    raise Unhandled(1)
 
 
 #: Called on the controller with each failure that no actor handled.
-#: Returning normally means handled; raising means unhandled (the job ends).
+#: Returning normally means handled; raising means unhandled: the job ends,
+#: with the exception added to the failure's cause unless it is the default's.
 unhandled_fault_hook: Callable[[MeshFailure], Any] = default_unhandled_fault_hook
 
 

@@ -1,10 +1,11 @@
 /* post.c - the router's send path in C, for a frame that leaves at once.
  *
- * Router.send (mpimesh/_transport/router.py) used to pickle a frame, then, under the
- * send lock, count it, look at its destination's coalescing state, start the
- * send and test it, ring a doorbell after a pause and reap the sends still
- * in flight: ~1 us of Python per frame, on each side of every round trip.
- * Here:
+ * NativeRouter.send (mpimesh/_transport/native_router.py) hands a frame here.
+ * One call does what Router.send and Router._post (mpimesh/_transport/router.py)
+ * do in Python for such a frame: pickle it, then, under the send lock, count
+ * it, look at its destination's coalescing state, start the send and test it,
+ * ring a doorbell after a pause and reap the sends still in flight, with no
+ * Python step in between (docs/design/transport.md, "Two I/O paths, one choice"):
  *
  *   Out(link, rank)  one destination's coalescing state (the router keeps
  *       one per process it sends to): `frames` held back for a batch, when

@@ -1,10 +1,11 @@
 /* pump.c - the router's receive path in C: receive, unpickle, dispatch.
  *
- * Router._poll_native (mpimesh/_transport/router.py) used to do this in Python: probe
- * through wire_probe, unpickle, expand BATCH frames, take the raw buffers
- * that follow a frame, note who was heard from, then call each frame's
- * handler.  That was some thirty Python steps per frame, ~1 us on each side
- * of every round trip.  A Pump does the same in one call:
+ * NativeRouter.poll (mpimesh/_transport/native_router.py) calls this for what
+ * Router._poll (mpimesh/_transport/router.py) does in Python: probe, receive,
+ * unpickle, expand BATCH frames, take the raw buffers that follow a frame,
+ * note who was heard from, then call each frame's handler.  A Pump does it
+ * in one call, with no Python step per frame but the handler's
+ * (docs/design/transport.md, "Two I/O paths, one choice"):
  *
  *   Pump(lock, handlers, take_buffers, on_error, no_buffers, tag, batch_kind,
  *        ping_kind, max_frames)

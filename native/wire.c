@@ -1,9 +1,9 @@
 /* wire.c - the frame path's MPI calls, made from C.
  *
- * A small frame's round trip through mpi4py's improbe/Message.recv and
- * Isend/Test costs a few microseconds of Python objects per leg (a Message,
- * a Status, a Request, a buffer wrapper).  These three functions do the same
- * MPI calls on the raw handles mpi4py hands out (`comm.handle`):
+ * mpi4py's improbe/Message.recv and Isend/Test build Python objects on every
+ * call (a Message, a Status, a Request, a buffer wrapper).  These three
+ * functions make the same MPI calls on the raw handles mpi4py hands out
+ * (`comm.handle`), and build none:
  *
  *   wire_bind(libpath, byte_handle, exc_type)  look the functions up in the
  *       libmpi mpi4py already loaded (as cuda_aware.c does: this extension
@@ -16,8 +16,8 @@
  *   wire_isend(handle, data, dest, tag)  start a send, test it once.
  *
  * The MPI types come from the headers this was built with: the Python side
- * (mpimesh/_transport/native.py) binds only when the loaded library is of the same
- * vendor and major version, and otherwise keeps mpi4py's calls.
+ * (mpimesh/_transport/native.py) binds only when the loaded library is of the
+ * same vendor and major version; otherwise the process gets the mpi4py Router.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

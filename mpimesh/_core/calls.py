@@ -35,8 +35,9 @@ from . import current as _current
 from . import ports as _ports
 from . import protocol
 from . import serialize as _serialize
+from .failures import Owned
 from .ports import Gather, OneReply, Port, PortReceiver, Queue, Receiver
-from .protocol import CONTROLLER, Frame, Key
+from .protocol import Frame, Key
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -185,8 +186,6 @@ class MeshRef:
             The new mesh's handle, and the future done when every actor's
             ``__init__`` has run.
         """
-        from .runtime import Owned  # noqa: PLC0415 - keeps `import mpimesh` free of MPI
-
         rt = _current.current()
         key = rt.new_id()
         fut: Future[None] = Future(f"{name}.initialized")
@@ -311,33 +310,20 @@ class MeshRef:
 # --- processes and channels -----------------------------------------------------------------------
 
 
-def _ask_controller(rt: Runtime, op: str, arg: Any, name: str, what: str) -> OneReply:
-    fut = OneReply(name, what, CONTROLLER)
-    pid = rt.ports.open(fut)
-    _post(rt, CONTROLLER, protocol.procs(op, arg, (rt.addr, pid)), _NO_BUFFERS, fut, pid)
-    return fut
-
-
 def allocate_procs(n: int) -> tuple[Key, list[Addr], list[str]]:
-    """Take ``n`` worker processes from the controller (blocks until they are ready).
+    """Take ``n`` worker processes for a new process mesh (blocks until they are ready).
 
     Returns:
-        A new process mesh's key, and the processes' addresses and hosts.
+        The new process mesh's key, and the processes' addresses and hosts.
     """
     rt = _current.current()
-    if rt.controller is not None:
-        placed = [(p.addr, p.host) for p in rt.controller.allocate(n)]
-    else:
-        placed = _ask_controller(rt, "alloc", n, "spawn_procs", "spawn_procs").get()
+    placed = rt.role.allocate(n)
     return rt.new_id(), [a for a, _ in placed], [h for _, h in placed]
 
 
 def release_procs(addrs: list[Addr], reason: str) -> Future[None]:
-    """Give processes back to the controller (their actors are stopped first); done once they are."""
-    rt = _current.current()
-    if rt.controller is not None:
-        return rt.controller.release_async(addrs, reason)
-    return _ask_controller(rt, "release", (addrs, reason), "ProcMesh.stop()", "ProcMesh.stop")
+    """Give processes back (their actors are stopped first); done once they are."""
+    return _current.current().role.release(addrs, reason)
 
 
 def open_channel(once: bool, ranked: bool) -> tuple[Port[Any], PortReceiver[Any]]:

@@ -1,28 +1,49 @@
-"""This process's runtime, reachable without importing MPI.
+"""This process's runtime: the one ambient global, reachable without importing MPI.
 
 ``import mpimesh`` must not initialize MPI (the ``mpimesh`` launcher imports
-the package before it execs ``mpiexec``).  Public modules reach the runtime
-through :func:`current`, which boots it on first use.
+the package before it execs ``mpiexec``).  The public modules reach the
+runtime through :func:`current`, which boots an embedded controller on first
+use (``python script.py``); ``python -m mpimesh`` boots the runtime of every
+rank before the script runs (``mpimesh._roles.boot``).
+
+This module is the hub of the one import that points up, from ``_core`` to
+``_roles.boot``, made lazily on first use.  So that it stays a cycle of two,
+nothing that ``_roles.boot`` imports may import this module: the runtime's
+parts get the runtime passed to them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .. import future
+
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-__all__ = ["current"]
+__all__ = ["current", "install", "runtime"]
 
-#: Set by ``_runtime`` when the runtime starts.
+#: This process's runtime, once booted (see :func:`install`).
 runtime: Runtime | None = None
 
 
 def current() -> Runtime:
-    """This process's runtime, booting an embedded controller if none runs yet."""
+    """This process's runtime, booting an embedded controller if none runs yet.
+
+    Raises:
+        RuntimeError: a rank other than 0 of a multi-rank world runs the
+            controller script (it was not started with ``-m mpimesh``).
+    """
     rt = runtime
     if rt is not None:
         return rt
-    from .runtime import current as boot
+    from .._roles.boot import boot_embedded
 
-    return boot()
+    return boot_embedded()
+
+
+def install(rt: Runtime) -> None:
+    """Make ``rt`` this process's runtime; futures now drive its progress while they wait."""
+    global runtime
+    runtime = rt
+    future._driver = rt.progress.wait

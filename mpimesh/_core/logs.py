@@ -11,6 +11,10 @@ With ``MPIMESH_LOG_FOLD=<seconds>`` the controller holds lines for that long
 and prints identical lines from many ranks once: ``[greeters[0-3]] text``.
 ``MPIMESH_LOG_FORWARD=0`` leaves worker output to the launcher (unprefixed).
 Output written below Python (C ``printf``, a crash dump) is not captured.
+
+mpimesh's own diagnostics (a lost report, a stuck shutdown, a trace line of
+``MPIMESH_DEBUG=1``) go through :func:`warn`, in one format:
+``mpimesh: text``, or ``mpimesh 0.3: text`` when they name the process.
 """
 
 from __future__ import annotations
@@ -20,17 +24,49 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import Sequence
+from typing import Any, Protocol, TextIO
 
 from ..config import settings
-from .protocol import CONTROLLER, Kind
+from .protocol import CONTROLLER, Frame, log
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
-
-__all__ = ["Forwarder", "Printer", "install_forwarders", "label"]
+__all__ = ["Forwarder", "Printer", "debug", "install_forwarders", "label", "warn"]
 
 Addr = tuple[int, int]
+
+
+def warn(text: str, addr: Addr | None = None) -> None:
+    """Print one of mpimesh's own diagnostics on ``sys.stderr``.
+
+    Args:
+        text: what happened; it may span lines.
+        addr: the process it is about, shown as ``island.rank``.
+    """
+    who = "mpimesh" if addr is None else f"mpimesh {addr[0]}.{addr[1]}"
+    print(f"{who}: {text}", file=sys.stderr, flush=True)
+
+
+def debug(text: str, addr: Addr) -> None:
+    """A trace line, printed only when ``MPIMESH_DEBUG=1``."""
+    if settings.debug:
+        warn(text, addr)
+
+
+class _Router(Protocol):
+    @property
+    def lock(self) -> threading.Lock: ...
+
+    def send(self, dest: Addr, frame: Frame, buffers: Sequence[Any] = ()) -> None: ...
+
+
+class Process(Protocol):
+    """What a forwarder uses of its process's runtime."""
+
+    @property
+    def addr(self) -> Addr: ...
+
+    @property
+    def router(self) -> _Router: ...
 
 
 def label(addr: Addr) -> str:
@@ -46,7 +82,7 @@ def label(addr: Addr) -> str:
 class Forwarder(io.TextIOBase):
     """A text stream whose complete lines go to the controller."""
 
-    def __init__(self, runtime: Runtime, stream: int, original: TextIO) -> None:
+    def __init__(self, runtime: Process, stream: int, original: TextIO) -> None:
         super().__init__()
         self._rt = runtime
         self._stream = stream
@@ -100,13 +136,13 @@ class Forwarder(io.TextIOBase):
             lines = list(self._queue)
             self._queue.clear()
         try:
-            self._rt.router.send(CONTROLLER, (Kind.LOG, None, self._stream, lines))
+            self._rt.router.send(CONTROLLER, log(self._stream, lines))
         except Exception:
             for tag, line in lines:  # the controller is gone: say it here
                 self._original.write(f"[{tag}] {line}\n")
 
 
-def install_forwarders(runtime: Runtime) -> list[Forwarder]:
+def install_forwarders(runtime: Process) -> list[Forwarder]:
     """On a worker: route ``sys.stdout``/``sys.stderr`` to the controller."""
     if not settings.log_forward:
         return []
@@ -182,7 +218,7 @@ def _ranges(ranks: list[int]) -> str:
     return ",".join(out)
 
 
-def drain_all(forwarders: list[Any]) -> None:
+def drain_all(forwarders: list[Forwarder]) -> None:
     """Flush every forwarder (a worker about to leave)."""
     for fwd in forwarders:
         fwd.flush()

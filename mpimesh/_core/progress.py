@@ -1,24 +1,24 @@
 """Who drives MPI, and how a waiting thread waits.
 
 MPI makes progress only inside MPI calls, and a blocking ``MPI_Recv`` burns a
-whole core on every stack measured here.  So nobody blocks in MPI: threads
-that wait for something (a future, an actor's mailbox, the end of the job)
-take turns polling.  Whoever holds the *progress token* polls and dispatches
-what arrives; the others sleep on their own condition and are woken when their
-event happens.  This is the leader/follower pattern: the thread that waits for
-a reply receives it itself, so a round trip costs no thread hand-off (a hand-off
-costs ~50 us here, against ~3 us for the MPI round trip).
+whole core.  So nobody blocks in MPI: threads that wait for something (a
+future, an actor's mailbox, the end of the job) take turns polling.  Whoever
+holds the *progress token* polls and dispatches what arrives; the others sleep
+on their own condition and are woken when their event happens.  This is the
+leader/follower pattern: the thread that waits for a reply receives it itself,
+so a round trip costs no thread hand-off, which costs far more than the MPI
+round trip it would wrap (docs/design/runtime.md, "Progress: figures").
 
 Polling is tight for ``MPIMESH_SPIN_US`` after each message, then backs off
-exponentially to ``MPIMESH_IDLE_SLEEP_US``.  After ``MPIMESH_LEADER_IDLE_MS``
-without traffic, a thread waiting for its own event leaves polling to the
-*background* waiter (the controller's progress thread, a worker's main loop),
-which polls only while no other thread leads, and stays out while a thread has
-sent or polled in the last ``_ACTIVE_WINDOW``: two threads spinning in one
-process on a small node double the round trip (measured: 200 us against 55),
-and two taking turns at MPI fight over the GIL.  The background waiter naps
-up to ``MPIMESH_DEEP_SLEEP_US`` once the process has been quiet for half a
-second, on this process's doorbell (``_bell``) when it has one, so that a
+exponentially (:class:`Backoff`) to ``MPIMESH_IDLE_SLEEP_US``.  After
+``MPIMESH_LEADER_IDLE_MS`` without traffic, a thread waiting for its own event
+leaves polling to the *background* waiter (the controller's progress thread, a
+worker's main loop), which polls only while no other thread leads, and stays
+out while a thread has sent or polled in the last ``_ACTIVE_WINDOW``: two
+threads spinning in one process on a small node double the round trip, and two
+taking turns at MPI fight over the GIL.  The background waiter naps up to
+``MPIMESH_DEEP_SLEEP_US`` once the process has been quiet for half a second,
+on this process's doorbell (``_transport.bell``) when it has one, so that a
 same-host sender wakes it at once.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import threading
 import time
@@ -37,7 +38,7 @@ from ..config import settings
 if TYPE_CHECKING:
     from .._transport.bell import Bell
 
-__all__ = ["Progress", "Waitable"]
+__all__ = ["Backoff", "Progress", "Waitable", "deadline"]
 
 #: What a waiter sleeps on: a condition, or a function that makes it on demand.
 Waitable = threading.Condition | Callable[[], threading.Condition]
@@ -47,8 +48,8 @@ Waitable = threading.Condition | Callable[[], threading.Condition]
 _FOLLOWER_WAIT = 0.05
 # The background poller stays out while a foreground thread has polled or
 # sent within this window: two threads of one process taking turns at MPI
-# fight over the GIL at every MPI call (a pipelined caller issued its calls
-# 2.5x slower while the background thread received the replies).
+# fight over the GIL at every MPI call, which slows a pipelined caller down
+# (docs/design/runtime.md, "Progress: figures").
 _ACTIVE_WINDOW = 0.002
 # A spinning leader yields the CPU every this many empty polls.
 _YIELD_EVERY = 4
@@ -58,16 +59,55 @@ _YIELD_EVERY = 4
 # thread's wake-up) are seen at the end of the probe at the latest.
 _SPIN_CHUNK = 50e-6
 # After this long without any traffic the background poller sleeps up to
-# MPIMESH_DEEP_SLEEP_US between polls.  Idle CPU is set by wake-ups: each
-# costs 30-100 us of CPU on the VMs measured, so 1 ms naps cost ~5 % of a
-# core and 8 ms naps ~1 %, for at most 8 ms more on a first call after idle.
+# MPIMESH_DEEP_SLEEP_US between polls.  Idle CPU is set by the number of
+# wake-ups, so longer naps cost less CPU and add at most one nap to a first
+# call after idle (docs/design/runtime.md, "Progress: figures").
 _DEEP_AFTER = 0.5
+# The shortest back-off nap of a foreground waiter; the background waiter's
+# start at twice this.
+_NAP_MIN = 20e-6
+
+
+def deadline(timeout: float | None, now: float) -> float:
+    """When a wait of ``timeout`` seconds from ``now`` ends (``time.monotonic``).
+
+    ``inf`` for no limit, so that ``now >= end`` and ``end - now`` need no
+    ``None`` check in the loops.
+    """
+    return math.inf if timeout is None else now + timeout
+
+
+class Backoff:
+    """Exponential back-off between empty polls (mpi4py.futures' ``Backoff``).
+
+    Each nap doubles, from ``floor`` up to the ceiling the caller passes (the
+    background waiter raises its ceiling once the process is quiet).
+
+    Args:
+        floor: the first nap after :meth:`reset`, in seconds.
+        start: the last nap taken before the first :meth:`nap`.
+    """
+
+    __slots__ = ("_floor", "_last")
+
+    def __init__(self, floor: float = _NAP_MIN, start: float = 0.0) -> None:
+        self._floor = floor
+        self._last = start
+
+    def reset(self) -> None:
+        """Traffic: the next nap is the shortest again."""
+        self._last = 0.0
+
+    def nap(self, ceiling: float) -> float:
+        """The next nap, in seconds: twice the last, between the floor and ``ceiling``."""
+        self._last = nap = min(ceiling, max(self._floor, self._last * 2))
+        return nap
 
 
 def _tighten_timer_slack() -> None:
     # Linux rounds short sleeps up by the thread's timer slack (50 us by
-    # default), which would make the first back-off naps 3x longer than
-    # asked.  Threads created later inherit the value.
+    # default), which would make the first back-off naps several times
+    # longer than asked.  Threads created later inherit the value.
     try:
         ctypes.CDLL(None, use_errno=True).prctl(29, 5000)  # PR_SET_TIMERSLACK, ns
     except (OSError, AttributeError):  # pragma: no cover - not Linux
@@ -90,21 +130,23 @@ class Progress:
         self._sent_at = sent_at
         # when a foreground thread last polled
         self._polled_at = 0.0
-        #: this process's doorbell (``_bell``): the background waiter sleeps on it
+        #: this process's doorbell (``_transport.bell``): the background waiter sleeps on it
         self.bell: Bell | None = None
         self._token = threading.Lock()
         self._spin = settings.spin_us * 1e-6
         self._max_sleep = settings.idle_sleep_us * 1e-6
         self._leader_idle = settings.leader_idle_ms * 1e-3
         # One entry per thread currently leading (waiting for its own event
-        # and polling): list append and pop are atomic, a counter under a
-        # lock cost two lock round trips per wait.
+        # and polling): list append and pop are atomic, where a counter would
+        # need a lock, twice per wait.
         self._leaders: list[None] = []
         # Threads in a background wait (0 or 1): followers rely on them.
         self._background = 0
         self._background_cond: threading.Condition | None = None
         self._last_traffic = time.monotonic()
-        self._background_sleep = self._max_sleep
+        # The background waiter's back-off survives between its waits: the
+        # serve loop returns every few hundred ms to check on its controller.
+        self._background_backoff = Backoff(2 * _NAP_MIN, start=self._max_sleep)
         #: statistics: polls made by the background waiter
         self.background_polls = 0
         self._deep_sleep = max(self._max_sleep, settings.deep_sleep_us * 1e-6)
@@ -151,42 +193,32 @@ class Progress:
             return self._wait_background(done, cond, timeout)
         if done():
             return True
-        now = time.monotonic()
-        deadline = None if timeout is None else now + timeout
-        last_traffic = now
-        sleep = 0.0
+        now = last_traffic = time.monotonic()
+        end = deadline(timeout, now)
+        backoff: Backoff | None = None  # made at the first nap
         spins = 0
-        # A leader's first polls spin in MPI (see _SPIN_CHUNK).
-        chunk = _SPIN_CHUNK if self._spin > 0 else 0.0
+        chunk = _SPIN_CHUNK if self._spin > 0 else 0.0  # a leader's first polls spin in MPI
         token = self._token
         poll = self._poll
-        leaders = self._leaders
-        leaders.append(None)
+        self._leaders.append(None)
         leading = True
         try:
             while True:
                 if done():
                     return True
                 now = time.monotonic()
-                if deadline is not None and now >= deadline:
+                if now >= end:
                     return False
                 idle = now - last_traffic
                 if leading and idle >= self._leader_idle and self._background:
-                    # Quiet for a while: leave polling to the background waiter.
-                    leading = False
-                    leaders.pop()
-                    # A reply is still expected: the background waiter must
-                    # not be in its deep back-off (it added up to 2 deep naps,
-                    # ~16 ms, to a first call after an idle second).
-                    self._background_sleep = 2e-5
-                    self._last_traffic = now
-                    self._wake_background()
+                    leading = False  # quiet for a while: leave polling to the background waiter
+                    self._step_back(now)
                 elif not leading and not self._background:
                     # Nobody polls in the background (a worker still booting,
                     # a controller shutting down): lead again.
                     leading = True
                     last_traffic = now
-                    leaders.append(None)
+                    self._leaders.append(None)
                 if leading and token.acquire(blocking=False):
                     try:
                         handled = poll(chunk)
@@ -197,7 +229,8 @@ class Progress:
                         if done():
                             return True  # most often: the reply this thread waited for
                         last_traffic = time.monotonic()
-                        sleep = 0.0
+                        if backoff is not None:
+                            backoff.reset()
                         continue
                     if idle < self._spin:
                         # Spin, but let the other processes of an
@@ -208,19 +241,26 @@ class Progress:
                             os.sched_yield()
                         continue
                     chunk = 0.0
-                    sleep = min(self._max_sleep, max(2e-5, sleep * 2))
-                    pause = sleep
+                    backoff = backoff or Backoff()
+                    pause = backoff.nap(self._max_sleep)
                 else:
                     pause = self._max_sleep if leading else _FOLLOWER_WAIT
-                if deadline is not None:
-                    pause = min(pause, max(0.0, deadline - now))
                 sleeper = cond if isinstance(cond, threading.Condition) else cond()
                 with sleeper:
                     if not done():
-                        sleeper.wait(pause)
+                        sleeper.wait(min(pause, end - now))
         finally:
             if leading:
-                leaders.pop()
+                self._leaders.pop()
+
+    def _step_back(self, now: float) -> None:
+        # A leader leaves polling to the background waiter.  A reply is still
+        # expected, so the background waiter must not stay in its deep
+        # back-off: its next naps are the shortest.
+        self._leaders.pop()
+        self._background_backoff.reset()
+        self._last_traffic = now
+        self._wake_background()
 
     def kick(self) -> None:
         """Make sure somebody polls soon (frames wait in a batch): wake the background waiter if nobody leads."""
@@ -256,17 +296,14 @@ class Progress:
     ) -> bool:
         # Never spins: a spinning background thread takes the GIL from the
         # thread that leads (or that an arriving message just woke), which
-        # showed as 1-2.5 ms tails on round trips of 50 us.
-        now = time.monotonic()
-        deadline = None if timeout is None else now + timeout
-        # The back-off survives between calls: the serve loop returns every
-        # few hundred ms to check on its controller.
+        # shows as long tails on round trips.
+        end = deadline(timeout, time.monotonic())
+        backoff = self._background_backoff
         while True:
-            sleep = self._background_sleep
             if done():
                 return True
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if now >= end:
                 return False
             active = max(self._polled_at, self._sent_at())
             if self._leaders:
@@ -284,22 +321,20 @@ class Progress:
                 self.background_polls += 1
                 if handled:
                     self._last_traffic = time.monotonic()
-                    self._background_sleep = 2e-5
+                    backoff.reset()
                     continue
                 quiet = now - self._last_traffic
-                ceiling = self._deep_sleep if quiet > _DEEP_AFTER else self._max_sleep
-                pause = self._background_sleep = min(ceiling, max(2e-5, sleep * 2))
+                pause = backoff.nap(self._deep_sleep if quiet > _DEEP_AFTER else self._max_sleep)
             else:
                 pause = self._max_sleep
-            if deadline is not None:
-                pause = min(pause, max(0.0, deadline - now))
+            pause = min(pause, end - now)
             bell = self.bell
             if bell is not None:
                 # Rung by a peer that sends after a pause, or by a thread here.
                 if not done() and bell.sleep(pause):
                     # A message is on its way, but Open MPI may show it only
                     # after a few polls: back off from the start again.
-                    self._background_sleep = 2e-5
+                    backoff.reset()
                     self._last_traffic = time.monotonic()
                 continue
             with cond:

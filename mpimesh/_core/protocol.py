@@ -71,7 +71,8 @@ class Spec(NamedTuple):
     name: str
     #: the frame's fields after ``(kind, bufsizes)``, in order
     fields: tuple[str, ...]
-    #: who handles it, as ``"module.Class.method"`` under ``mpimesh``
+    #: who handles it, as ``"module.Class.method"`` under ``mpimesh``; a kind that
+    #: both roles receive names each role's handler, separated by ``" | "``
     handler: str
 
 
@@ -88,7 +89,7 @@ def _declare(kind: int, name: str, fields: str, handler: str) -> None:
     KINDS[kind] = Spec(name, tuple(fields.split()), handler)
 
 
-_declare(_INIT, "INIT", "island controller_host controller_pid sys_path", "_core.runtime.Runtime.on_init")
+_declare(_INIT, "INIT", "island controller_host controller_pid sys_path", "_roles.worker.Worker.on_init")
 
 
 def init(island: int, controller_host: str, controller_pid: int, sys_path: list[str]) -> Frame:
@@ -159,7 +160,7 @@ def stop(key: Key | None, reply_port: PortRef | None, index: int, reason: str) -
     return (_STOP, None, key, reply_port, index, reason)
 
 
-_declare(_SHUTDOWN, "SHUTDOWN", "exit_code", "_core.runtime.Runtime.on_shutdown")
+_declare(_SHUTDOWN, "SHUTDOWN", "exit_code", "_roles.worker.Worker.on_shutdown")
 
 
 def shutdown(exit_code: int) -> Frame:
@@ -191,7 +192,7 @@ def procs(op: str, arg: Any, reply_port: PortRef) -> Frame:
     return (_PROCS, None, op, arg, reply_port)
 
 
-_declare(PING, "PING", "sequence", "_core.runtime.Runtime.on_ping")
+_declare(PING, "PING", "sequence", "_roles.worker.Worker.on_ping | _roles.controller.Controller.on_ping")
 
 
 def ping(sequence: int) -> Frame:
@@ -199,7 +200,7 @@ def ping(sequence: int) -> Frame:
     return (PING, None, sequence)
 
 
-_declare(_FAULT, "FAULT", "key rank report", "_core.runtime.Runtime.on_fault")
+_declare(_FAULT, "FAULT", "key rank report", "_core.failures.Failures.on_fault")
 
 
 def fault(key: Key, rank: int, report: str) -> Frame:
@@ -207,7 +208,7 @@ def fault(key: Key, rank: int, report: str) -> Frame:
     return (_FAULT, None, key, rank, report)
 
 
-_declare(_DEAD, "DEAD", "addr report", "_core.runtime.Runtime.on_dead")
+_declare(_DEAD, "DEAD", "addr report", "_core.failures.Failures.on_dead")
 
 
 def dead(addr: Addr, report: str) -> Frame:
@@ -223,7 +224,7 @@ def log(stream: int, lines: list[tuple[str, str]]) -> Frame:
     return (_LOG, None, stream, lines)
 
 
-_declare(BATCH, "BATCH", "frames", "_transport.router.Router (expanded on receipt)")
+_declare(BATCH, "BATCH", "frames", "_core.runtime.Runtime.on_batch")
 
 
 def batch(frames: list[bytes]) -> Frame:
@@ -255,6 +256,3 @@ def describe(frame: Frame) -> str:
     fields = ", ".join(f"{name.rstrip('?')}={value!r}" for name, value in zip(spec.fields, frame[2:], strict=False))
     return f"{spec.name}({fields})"
 
-
-# Transitional: the runtime still looks its handlers up by name (Runtime._on_<name>).
-HANDLERS: dict[int, str] = {kind: "_on_" + spec.name.lower() for kind, spec in KINDS.items()}

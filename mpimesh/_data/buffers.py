@@ -11,8 +11,9 @@ the worker loop stays light).
   band in pickle protocol 5: a small header in the pickle, the raw bytes as
   an MPI message.
 * :func:`recv_buffer` hands out receive buffers from a pool of blocks that
-  are reused once nothing refers to them any more, so that a steady stream of
-  large messages does not pay page faults (~1.7 GB/s here) on every receive.
+  are reused once nothing refers to them any more (the transport's pool,
+  ``mpimesh._transport.buffers``, re-exported here with :func:`layout`,
+  :func:`copy_buffer` and :func:`pool_statistics`).
 * :func:`cuda_support` says once whether the loaded MPI is CUDA-aware.
 """
 
@@ -26,6 +27,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .._transport.buffers import (
+    POOL_LIMIT_BYTES,
+    PoolStatistics,
+    copy_buffer,
+    layout,
+    pool_statistics,
+    recv_buffer,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,8 +61,6 @@ __all__ = [
     "staging",
     "take_staging",
 ]
-
-_PAGE = 4096
 
 
 def _torch() -> Any:
@@ -232,146 +240,6 @@ def rebuild_tensor(buf: Any, dtype: str, shape: tuple[int, ...], device: str, re
 
 
 # ---------------------------------------------------------------------------
-# receive buffers
-
-
-@dataclass(frozen=True)
-class PoolStatistics:
-    """Counters of the receive-buffer pool.
-
-    Attributes:
-        hits: receives that reused an idle block.
-        misses: receives that allocated a new block.
-        blocks: blocks tracked now (idle or in use).
-        bytes: bytes in those blocks.
-    """
-
-    hits: int
-    misses: int
-    blocks: int
-    bytes: int
-
-
-class _Pool:
-    """Large receive buffers, reused once nothing refers to them.
-
-    A block is a numpy array that owns its memory; a receive gets a view of
-    it.  numpy collapses view chains onto the owner, and torch.frombuffer
-    keeps its exporter alive, so every user of the bytes holds a reference
-    to the block: a block whose reference count is back to the pool's own is
-    idle and may be reused.  Blocks stay faulted in once touched.
-    """
-
-    # Keep at most this much, and this many blocks; beyond, forget the oldest
-    # (an in-use block is then freed by whoever holds it last).
-    limit_bytes = 1 << 30
-    limit_blocks = 32
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._blocks: list[np.ndarray] = []
-        self._bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self._idle_refs = 0  # measured on first use (it needs numpy)
-
-    def _calibrate(self) -> int:
-        # The reference count of a block nobody else holds, as seen from the
-        # loop in take() (list entry + loop variable + getrefcount's argument).
-        import numpy as np
-
-        blocks = [np.empty(1, np.uint8)]
-        for _, block in enumerate(blocks):
-            return sys.getrefcount(block)
-        raise AssertionError  # pragma: no cover
-
-    def take(self, nbytes: int, offset: int) -> np.ndarray:
-        import numpy as np
-
-        need = nbytes + _ALIGN
-        with self._lock:
-            if not self._idle_refs:
-                self._idle_refs = self._calibrate()
-            idle = self._idle_refs
-            best: np.ndarray | None = None
-            where = -1
-            for i, block in enumerate(self._blocks):
-                size = block.nbytes
-                if need <= size <= 2 * need + _PAGE and sys.getrefcount(block) == idle:
-                    if best is None or size < best.nbytes:
-                        best, where = block, i
-            if best is not None:
-                self.hits += 1
-                del self._blocks[where]  # (list.remove would compare arrays elementwise)
-                self._blocks.append(best)  # most recently used last
-            else:
-                self.misses += 1
-                best = np.empty((need + _PAGE - 1) // _PAGE * _PAGE, np.uint8)
-                self._blocks.append(best)
-                self._bytes += best.nbytes
-                while len(self._blocks) > 1 and (self._bytes > self.limit_bytes
-                                                 or len(self._blocks) > self.limit_blocks):
-                    old = self._blocks.pop(0)
-                    self._bytes -= old.nbytes
-            start = (offset - int(best.ctypes.data)) % _ALIGN
-            return best[start:start + nbytes]
-
-    def statistics(self) -> PoolStatistics:
-        with self._lock:
-            return PoolStatistics(self.hits, self.misses, len(self._blocks), self._bytes)
-
-
-_pool = _Pool()
-# Below this size a fresh bytearray is as cheap as the pool's bookkeeping.
-_POOL_MIN = 64 * 1024
-# Copies between addresses that differ modulo a cache line run at half speed
-# or less (measured here, 64 MiB Send/Recv: 5.7 ms aligned alike, 10-21 ms
-# not), in memcpy and in the kernel's cross-process copy alike.  So a large
-# buffer travels with its sender's offset and is received at the same one.
-_ALIGN = 64
-
-
-def layout(buffers: Any) -> tuple[Any, ...]:
-    """The ``bufsizes`` entries of a frame: ``nbytes``, or ``(nbytes, address % 64)`` for large buffers."""
-    import numpy as np
-
-    out: list[Any] = []
-    for buf in buffers:
-        view = memoryview(buf)
-        n = view.nbytes
-        if n < _POOL_MIN:
-            out.append(n)
-        else:
-            out.append((n, int(np.frombuffer(view.cast("B"), np.uint8).ctypes.data) % _ALIGN))
-    return tuple(out)
-
-
-def recv_buffer(nbytes: int, offset: int = 0) -> Any:
-    """A writable buffer of exactly ``nbytes`` bytes to receive into, at ``offset`` modulo 64."""
-    if nbytes < _POOL_MIN:
-        return bytearray(nbytes)
-    return _pool.take(nbytes, offset)
-
-
-def copy_buffer(buf: Any) -> Any:
-    """A private writable copy of ``buf`` (a message delivered inside one process)."""
-    import numpy as np
-
-    view = memoryview(buf).cast("B")
-    if view.nbytes < _POOL_MIN:
-        return bytearray(view)
-    src = np.frombuffer(view, np.uint8)
-    out = _pool.take(view.nbytes, int(src.ctypes.data) % _ALIGN)
-    out[:] = src
-    return out
-
-
-def pool_statistics() -> PoolStatistics:
-    """Counters of the receive-buffer pool of this process."""
-    return _pool.statistics()
-
-
-# ---------------------------------------------------------------------------
 # GPU staging and CUDA awareness
 
 
@@ -400,7 +268,7 @@ def give_staging(buf: Any) -> None:
     """Return a buffer from :func:`take_staging` for reuse."""
     with _staging_lock:
         _staging_free.append(buf)
-        while sum(b.numel() for b in _staging_free) > _Pool.limit_bytes and len(_staging_free) > 1:
+        while sum(b.numel() for b in _staging_free) > POOL_LIMIT_BYTES and len(_staging_free) > 1:
             _staging_free.remove(min(_staging_free, key=lambda b: b.numel()))
 
 

@@ -1,10 +1,11 @@
-"""Rank 0's process management: the launch pool, spawned islands, shutdown.
+"""The controller role, rank 0: the launch pool, spawned islands, deaths, shutdown.
 
 The controller hands out launch-pool ranks while it has room and otherwise
 creates processes with ``MPI_Comm_spawn`` (one *island* per spawn).  It
-relays frames between islands, and at the end of the job it stops every
-process in bounded time: SHUTDOWN, wait for BYE, and abort the job if a
-launch-pool worker does not answer.
+relays frames between islands, declares deaths (``liveness``) and runs the
+unhandled fault hook, which ends the job when it raises.  At the end of the
+job it stops every process in bounded time: SHUTDOWN, wait for BYE, and abort
+the job if a launch-pool worker does not answer.
 """
 
 from __future__ import annotations
@@ -14,23 +15,25 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._core import protocol
 from .._core import serialize as _serialize
-from .._core.logs import Printer
+from .._core.logs import Printer, warn
 from .._core.ports import Gather
 from .._core.protocol import Frame, Kind, Status
+from .._core.runtime import Runtime
 from .._transport.mpi import MPI, fault_tolerant, library
 from ..config import settings
 from ..future import Future
 from ..shape import Shape
-from ..supervision import current_hook
+from ..supervision import MeshFailure, Unhandled, current_hook, default_unhandled_fault_hook
+from .base import BaseRole
 from .job_status import set_job_exit_status
-
-if TYPE_CHECKING:
-    from .._core.runtime import Runtime
+from .liveness import Liveness
 
 __all__ = ["Controller", "ProcInfo"]
 
@@ -50,7 +53,7 @@ class ProcInfo:
     dead: bool = False
 
 
-class Controller:
+class Controller(BaseRole):
     """Process management on rank 0.
 
     Args:
@@ -58,8 +61,20 @@ class Controller:
         pool: ``(addr, host, pid)`` of every launch-pool worker.
     """
 
+    name = "controller"
+
     def __init__(self, runtime: Runtime, pool: list[tuple[Addr, str, int]]) -> None:
-        self.rt = runtime
+        super().__init__(
+            runtime,
+            {
+                Kind.HELLO: self.on_hello,
+                Kind.BYE: self.on_bye,
+                Kind.FORWARD: self.on_forward,
+                Kind.PROCS: self.on_procs,
+                Kind.LOG: self.on_log,
+                Kind.PING: self.on_ping,
+            },
+        )
         self.lock = threading.RLock()
         self.cond = threading.Condition()
         self.procs: dict[Addr, ProcInfo] = {a: ProcInfo(a, h, p) for a, h, p in pool}
@@ -67,44 +82,52 @@ class Controller:
         self.islands: dict[int, list[Addr]] = {}
         self._next_island = 1
         self._service = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-service")
-        self._thread = threading.Thread(target=self._background, name="mpimesh-progress", daemon=True)
+        # the background waiter: polls while no other thread does
+        self._thread = threading.Thread(
+            target=self._loop, args=(0.1, self._between_polls), name="mpimesh-progress", daemon=True
+        )
         self._closed = False
-        self.failed_exit = False
         self._supervisor = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-supervisor")
         self.printer = Printer(settings.log_fold)
         self.fault_tolerant = fault_tolerant()
         # declared dead on another host without proof: only an Abort ends them
         self.unconfirmed: set[Addr] = set()
+        #: the workers' liveness, watched from start() on
+        self.liveness: Liveness | None = None
+        runtime.every_ms(self._check_liveness)
+        runtime.role = self
 
     def start(self) -> None:
         """Start watching the pool and the background progress thread."""
-        from .liveness import Liveness
-
         if not self.procs:
             _remove_stale_sessions()
             if self.fault_tolerant:
                 _recoverable_spawns()
         rt = self.rt
-        rt.liveness = Liveness(rt)
-        rt.router.heard = rt.liveness.last_heard
+        self.liveness = liveness = Liveness(rt)
+        rt.router.heard = liveness.last_heard
         for proc in self.procs.values():
-            rt.liveness.watch(proc.addr, proc.pid, proc.host)
+            liveness.watch(proc.addr, proc.pid, proc.host)
         self._thread.start()
 
-    def _background(self) -> None:
-        rt = self.rt
-        while not rt.stopping:
-            rt.progress.wait(lambda: rt.stopping, rt.cond, 0.1, background=True)
-            if rt.liveness is not None and not self._closed:
-                with rt.progress.holding():
-                    rt.liveness.heartbeat()
-            if self.printer.fold > 0:
-                self.printer.flush(due_only=True)
+    def _between_polls(self) -> None:
+        if self.liveness is not None and not self._closed:
+            with self.rt.progress.holding():
+                self.liveness.heartbeat()
+        if self.printer.fold > 0:
+            self.printer.flush(due_only=True)
 
-    # -- allocation ------------------------------------------------------------
+    def _check_liveness(self) -> None:
+        if self.liveness is not None:
+            self.liveness.check()
 
-    def allocate(self, n: int) -> list[ProcInfo]:
-        """``n`` worker processes: from the launch pool if it has room, else spawned."""
+    # --- allocation -------------------------------------------------------------------------------
+
+    def allocate(self, n: int) -> list[tuple[Addr, str]]:
+        """``n`` worker processes, as ``(addr, host)``: from the launch pool if it has room, else spawned."""
+        return [(p.addr, p.host) for p in self._allocate(n)]
+
+    def _allocate(self, n: int) -> list[ProcInfo]:
         with self.lock:
             self.free = [a for a in self.free if not self.procs[a].dead]
             if len(self.free) >= n:
@@ -141,17 +164,19 @@ class Controller:
             self.islands[island] = addrs
         rt.router.add_island(inter, island)
         for addr in addrs:
-            rt.send(addr, (Kind.INIT, None, island, rt.host, rt.pid, list(sys.path)))
+            rt.send(addr, protocol.init(island, rt.host, rt.pid, list(sys.path)))
+
         def started() -> bool:
             return all(self.procs[a].hello or self.procs[a].dead for a in addrs)
 
-        deadline = time.monotonic() + settings.spawn_timeout
-        while not rt.wait(started, self.cond, max(0.0, min(settings.show_waits or 1e9, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
+        start = time.monotonic()
+        end = start + settings.spawn_timeout
+        while not rt.wait(started, self.cond, max(0.0, min(settings.show_waits or 1e9, end - time.monotonic()))):
+            now = time.monotonic()
+            if now >= end:
                 break
             ready = sum(self.procs[a].hello for a in addrs)
-            print(f"mpimesh: spawning {n} processes: {ready} ready after "
-                  f"{settings.spawn_timeout - (deadline - time.monotonic()):.0f} s", file=sys.stderr, flush=True)
+            warn(f"spawning {n} processes: {ready} ready after {now - start:.0f} s")
         if not started():
             missing = [a for a in addrs if not self.procs[a].hello]
             raise TimeoutError(
@@ -160,8 +185,8 @@ class Controller:
             )
         return [self.procs[a] for a in addrs]
 
-    def release(self, addrs: list[Addr], reason: str) -> None:
-        """Stop every actor on ``addrs`` and give the processes back (blocking, bounded)."""
+    def _release(self, addrs: list[Addr], reason: str) -> None:
+        # Stop every actor on ``addrs`` and give the processes back (blocking, bounded).
         rt = self.rt
         fut: Future[None] = Future("stop")
         shape = Shape.row_major(("procs",), (len(addrs),))
@@ -172,7 +197,7 @@ class Controller:
                 receiver.fail(addr, rt.dead[addr])
                 continue
             try:
-                rt.send(addr, (Kind.STOP, None, None, port, i, reason))
+                rt.send(addr, protocol.stop(None, port, i, reason))
             except ConnectionError as exc:
                 receiver.fail(addr, str(exc))
         if receiver.count >= receiver.n:
@@ -193,6 +218,21 @@ class Controller:
             if not any(self.procs[a].allocated for a in members):
                 self._close_island(island, 0)
 
+    def release(self, addrs: list[Addr], reason: str) -> Future[None]:
+        """Stop every actor on ``addrs`` and give the processes back, on the service thread."""
+        fut: Future[None] = Future("ProcMesh.stop()")
+
+        def run() -> None:
+            try:
+                self._release(addrs, reason)
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(None)
+
+        self._service.submit(run)
+        return fut
+
     def _close_island(self, island: int, code: int) -> bool:
         members = self._stop_island(island, code)
         clean = self.rt.wait(lambda: self._all_left(members), self.cond, settings.shutdown_timeout)
@@ -203,13 +243,16 @@ class Controller:
         """Send SHUTDOWN to an island's live processes; returns its members."""
         with self.lock:
             members = self.islands.pop(island, [])
-        for addr in members:
-            if not self.procs[addr].bye and not self.procs[addr].dead:
-                try:
-                    self.rt.send(addr, (Kind.SHUTDOWN, None, code))
-                except ConnectionError:
-                    pass
+        self._send_shutdown([a for a in members if not self.procs[a].bye and not self.procs[a].dead], code)
         return members
+
+    def _send_shutdown(self, addrs: list[Addr], code: int) -> None:
+        frame = protocol.shutdown(code)
+        for addr in addrs:
+            try:
+                self.rt.send(addr, frame)
+            except ConnectionError:
+                pass
 
     def _all_left(self, addrs: list[Addr]) -> bool:
         return all(self.procs[a].bye or self.procs[a].dead for a in addrs)
@@ -223,37 +266,74 @@ class Controller:
             with rt.router.exclusive():
                 comm.Disconnect()
         elif not clean:
-            self._kill([a for a in members if not self.procs[a].bye and not self.procs[a].dead])
+            for addr in members:
+                if not self.procs[addr].bye and not self.procs[addr].dead:
+                    self._kill(self.procs[addr])
 
-    def _kill(self, addrs: list[Addr]) -> None:
-        for addr in addrs:
-            proc = self.procs[addr]
-            if proc.pid and proc.host == self.rt.host:
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    def _kill(self, proc: ProcInfo) -> bool:
+        # SIGKILL a worker on this host; returns whether it is on this host.
+        if not proc.pid or proc.host != self.rt.host:
+            return False
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return True
 
-    # -- frames ----------------------------------------------------------------
+    # --- frames -----------------------------------------------------------------------------------
 
-    def _on_hello(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+    def on_hello(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """HELLO: a spawned worker has started."""
+        _, _, host, pid = frame
         proc = self.procs[src]
-        proc.host, proc.pid, proc.hello = frame[2], frame[3], True
-        if self.rt.liveness is not None:
-            self.rt.liveness.watch(src, proc.pid, proc.host)
+        proc.host, proc.pid, proc.hello = host, pid, True
+        if self.liveness is not None:
+            self.liveness.watch(src, pid, host)
         with self.cond:
             self.cond.notify_all()
 
-    def _on_bye(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+    def on_bye(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """BYE: a worker is leaving."""
         self.procs[src].bye = True
-        if self.rt.liveness is not None:
-            self.rt.liveness.forget(src)
+        if self.liveness is not None:
+            self.liveness.forget(src)
         with self.cond:
             self.cond.notify_all()
 
-    # -- failures --------------------------------------------------------------
+    def on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """PING: a worker's echo; the router has noted that it was heard."""
 
-    def on_dead(self, addr: Addr, cause: str) -> str:
+    def on_log(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """LOG: print a worker's output lines."""
+        _, _, stream, lines = frame
+        self.printer.on_log(stream, lines)
+
+    def on_forward(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """FORWARD: relay a frame between islands."""
+        _, _, dest, data = frame
+        self.rt.router.send_raw(dest, data, buffers)
+
+    def on_procs(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """PROCS: a worker's allocate or release, served off the polling thread."""
+        _, _, op, arg, port = frame
+        self._service.submit(self._serve_procs, op, arg, port)
+
+    def _serve_procs(self, op: str, arg: Any, port: tuple[Addr, int]) -> None:
+        try:
+            if op == "alloc":
+                value: Any = self.allocate(arg)
+            else:
+                self._release(arg[0], arg[1])
+                value = None
+        except Exception as exc:
+            payload = _serialize.error_payload(exc, f"### controller on {self.rt.host}", 0, {}, self.rt.host)
+            self.rt.reply(port, 0, Status.ERROR, payload)
+        else:
+            self.rt.reply(port, 0, Status.OK, value)
+
+    # --- deaths (the Role protocol) ---------------------------------------------------------------
+
+    def record_death(self, addr: Addr, cause: str) -> str:
         """Bookkeeping for a dead worker; returns the report everyone gets."""
         proc = self.procs.get(addr)
         if proc is None:
@@ -262,31 +342,34 @@ class Controller:
         with self.lock:
             if addr in self.free:
                 self.free.remove(addr)
-        if proc.pid and proc.host == self.rt.host:
-            # Declared dead for silence (stopped, hung in C): make it so, or
-            # it would keep the job from ending.
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        elif "stopped answering" in cause:
+        # Declared dead for silence (stopped, hung in C): make it so, or it
+        # would keep the job from ending.
+        if not self._kill(proc) and "stopped answering" in cause:
             self.unconfirmed.add(addr)
-        if self.rt.liveness is not None:
-            self.rt.liveness.forget(addr)
+        if self.liveness is not None:
+            self.liveness.forget(addr)
         with self.cond:
             self.cond.notify_all()
         return f"process {addr[0]}.{addr[1]} (pid {proc.pid}) on {proc.host} died: {cause}"
+
+    def settle_mpi_report(self, addr: Addr, text: str) -> bool:
+        """ULFM's report of ``addr``: settled now unless a pidfd will soon say more."""
+        liveness = self.liveness
+        if liveness is None or not liveness.watches(addr):
+            # another node: heartbeats would take seconds
+            self.rt.failures.declare_dead(addr, f"reported failed by MPI ({text})")
+            return True
+        liveness.check()
+        return addr in self.rt.dead
 
     def fatal(self, report: str) -> None:
         """A process died in a job that cannot survive it: end the job now, with the report."""
 
         def end() -> None:
-            print(
-                f"mpimesh: {report}\nmpimesh: this MPI job cannot outlive a dead process (MPICH, or Open MPI "
+            warn(
+                f"{report}\nmpimesh: this MPI job cannot outlive a dead process (MPICH, or Open MPI "
                 "without fault tolerance), so it ends now; launch with `mpimesh run -n N script.py` (Open MPI: "
-                "adds --with-ft ulfm) to keep the survivors",
-                file=sys.stderr,
-                flush=True,
+                "adds --with-ft ulfm) to keep the survivors"
             )
             try:
                 self.shutdown(1)
@@ -303,69 +386,46 @@ class Controller:
         """Workers that said hello and have neither left nor died."""
         return [a for a, p in self.procs.items() if p.hello and not p.bye and not p.dead]
 
-    def unhandled(self, failure: Any) -> None:
+    def unhandled(self, failure: MeshFailure) -> None:
         """A failure reached the top: run ``mpimesh.unhandled_fault_hook`` off the progress path."""
         try:
             self._supervisor.submit(self._run_hook, failure)
         except RuntimeError:
             # The interpreter (or this controller) is shutting down: the job
             # is ending anyway, so report instead of running the hook.
-            print(f"mpimesh: failure during shutdown:\n{failure.report()}", file=sys.stderr, flush=True)
+            warn(f"failure during shutdown:\n{failure.report()}")
 
-    def _run_hook(self, failure: Any) -> None:
-        from ..supervision import default_unhandled_fault_hook
-
+    def _run_hook(self, failure: MeshFailure) -> None:
+        # Returning means handled; raising means unhandled (Monarch's
+        # contract), and the job ends.  The default hook reports the failure
+        # and raises Unhandled; any other exception is added to the cause,
+        # which the default hook then reports.
         hook = current_hook()
         try:
             hook(failure)
+            return
+        except Unhandled:
+            pass
         except BaseException as exc:
             failure.cause += f"\n  unhandled_fault_hook raised {type(exc).__name__}: {exc}"
-            default_unhandled_fault_hook(failure)
-
-    def _on_log(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        self.printer.on_log(frame[2], frame[3])
-
-    def _on_forward(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        _, _, dest, data = frame
-        self.rt.router.send_raw(dest, data, buffers)
-
-    def _on_procs(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        _, _, op, arg, port = frame
-        self._service.submit(self._serve_procs, op, arg, port)
-
-    def _serve_procs(self, op: str, arg: Any, port: tuple[Addr, int]) -> None:
-        try:
-            if op == "alloc":
-                infos = self.allocate(arg)
-                value: Any = [(p.addr, p.host) for p in infos]
-            else:
-                self.release(arg[0], arg[1])
-                value = None
-        except Exception as exc:
-            payload = _serialize.error_payload(exc, f"### controller on {self.rt.host}", 0, {}, self.rt.host)
-            self.rt.reply(port, 0, Status.ERROR, payload)
-        else:
-            self.rt.reply(port, 0, Status.OK, value)
-
-    def release_async(self, addrs: list[Addr], reason: str) -> Future[None]:
-        """:meth:`release` on the service thread."""
-        fut: Future[None] = Future("ProcMesh.stop()")
-
-        def run() -> None:
             try:
-                self.release(addrs, reason)
-            except BaseException as exc:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(None)
+                default_unhandled_fault_hook(failure)
+            except Unhandled:
+                pass
+        self._end_job()
 
-        self._service.submit(run)
-        return fut
+    def _end_job(self) -> None:
+        # An unhandled failure: stop every worker (bounded), then leave at
+        # once with status 1: the script's threads may be blocked anywhere.
+        try:
+            self.shutdown(1)
+        except BaseException:
+            traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
-    def on_ping(self, src: Addr, frame: Frame) -> None:
-        pass
-
-    # -- the end -----------------------------------------------------------------
+    # --- the end ----------------------------------------------------------------------------------
 
     def shutdown(self, code: int) -> bool:
         """Stop every process of the job; returns False if some did not answer.
@@ -383,11 +443,7 @@ class Controller:
         # not one per island (a spawned run can have dozens).
         islands = {island: self._stop_island(island, code) for island in list(self.islands)}
         pool = [a for a, p in self.procs.items() if a[0] == 0 and not p.bye and not p.dead]
-        for addr in pool:
-            try:
-                rt.send(addr, (Kind.SHUTDOWN, None, code))
-            except ConnectionError:
-                pass
+        self._send_shutdown(pool, code)
         everyone = pool + [a for members in islands.values() for a in members]
         rt.wait(lambda: self._all_left(everyone), self.cond, settings.shutdown_timeout)
         clean = True
@@ -397,23 +453,24 @@ class Controller:
             self._drop_island(island, members, left)
         if not self._all_left(pool):
             stuck = [a[1] for a in pool if not self.procs[a].bye and not self.procs[a].dead]
-            print(f"mpimesh: ranks {stuck} did not stop within {settings.shutdown_timeout:g} s; aborting the job",
-                  file=sys.stderr, flush=True)
+            warn(f"ranks {stuck} did not stop within {settings.shutdown_timeout:g} s; aborting the job")
             clean = False
-        deadline = time.monotonic() + 1.0
-        while rt.router.pending_sends() and time.monotonic() < deadline:
-            rt.progress.poll_once()
-            time.sleep(1e-4)
+        rt.drain_sends(1.0)
         self.printer.flush()
-        rt.request_stop(code)
+        self.request_stop(code)
         self._thread.join(1.0)
         self._service.shutdown(wait=False, cancel_futures=True)
-        if rt.liveness is not None:
-            rt.liveness.close()
+        if self.liveness is not None:
+            self.liveness.close()
         # Every worker has stopped: only now may the launcher hear the status
-        # (the default fault hook leaves with os._exit(1) right after this).
-        set_job_exit_status(code if clean and not self.unconfirmed else code or 1)
+        # (an unhandled failure leaves with os._exit(1) right after this).
+        set_job_exit_status(self._status(code, clean))
         return clean
+
+    def _status(self, code: int, clean: bool) -> int:
+        # The job's status: the script's, or 1 if it was 0 and some process
+        # may still run (it did not stop, or it was declared dead unseen).
+        return code if clean and not self.unconfirmed else code or 1
 
     def leave(self, code: int) -> int:
         """End this process after :meth:`shutdown`, in bounded time.
@@ -429,7 +486,7 @@ class Controller:
         clean = self.shutdown(code)
         sys.stdout.flush()
         sys.stderr.flush()
-        status = code if clean and not self.unconfirmed else code or 1
+        status = self._status(code, clean)
         own = 0 if set_job_exit_status(status) else code
         if not clean or self.unconfirmed:
             MPI.COMM_WORLD.Abort(status)
@@ -439,12 +496,12 @@ class Controller:
 
     def shutdown_at_exit(self) -> None:
         """Atexit hook of an embedded controller (``python script.py``)."""
-        self.leave(1 if self.failed_exit else 0)
+        self.leave(0)
 
 
 #: PRRTE settings that let a spawned job outlive one of its processes (issue #3).
 #: Without ``recoverable`` the singleton's PRRTE kills the rest of a
-#: ``spawn_procs()`` group ~0.25 s after one of them dies; without
+#: ``spawn_procs()`` group shortly after one of them dies; without
 #: ``error_non_zero_exit=0`` a member's non-zero exit counts twice towards the
 #: job's end (PRRTE 3.0.14 ``errmgr_dvm``) and ends the group just the same.
 SPAWN_RECOVERY = {

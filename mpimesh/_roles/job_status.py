@@ -8,8 +8,8 @@ counts such an exit twice towards the job's end and, at the third one in a
 setting (``mpimesh run`` adds it, see ``_launcher``) those exits are
 survivable, but PRRTE no longer takes any rank's status for the job's:
 ``prterun`` exits 0 after a failed script.  ``MPI_Abort`` does not help: in a
-recoverable job it only notifies the other ranks (measured: ``MPI_Abort(3)``,
-then ``prterun`` exits 0).
+recoverable job it only notifies the other ranks, and ``prterun`` still
+exits 0.
 
 What does carry a status is ``PMIx_Abort`` naming the caller's whole
 namespace (``PMIX_RANK_WILDCARD``): PRRTE 3.0.12 and later (Open MPI 5.0.9
@@ -24,11 +24,10 @@ kills nobody.  So, when ``mpimesh run`` says so (``MPIMESH_PMIX_EXIT_STATUS=1``)
 * a launch-pool worker that finds the controller gone (killed by a signal)
   hands over 1, so that such a job never ends with 0.
 
-Measured on PyPI Open MPI 5.0.11 (``--with-ft ulfm``,
-``error_non_zero_exit=0``): controller status 3 or 5 gives ``prterun``
-status 3 or 5, with or without the setting; the call takes 0.5 ms.  Caveat:
-PRRTE records the status only on the node that runs ``prterun`` (where rank
-0 runs unless a hostfile or ``--host`` puts it elsewhere).
+What was checked, and on which Open MPI, is in docs/design/runtime.md
+("Job status: what was measured").  Caveat: PRRTE records the status only on
+the node that runs ``prterun`` (where rank 0 runs unless a hostfile or
+``--host`` puts it elsewhere).
 """
 
 from __future__ import annotations

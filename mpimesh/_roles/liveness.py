@@ -25,30 +25,47 @@ import faulthandler
 import os
 import select
 import shutil
-import tempfile
 import time
-from typing import IO, TYPE_CHECKING
+from typing import IO, Protocol
 
-from .._core.protocol import Kind
+from .._core import protocol
+from .._core.protocol import Frame
+from .._transport.bell import job_dir
 from ..config import settings
 
-if TYPE_CHECKING:
-    from .._core.runtime import Runtime
-
-__all__ = ["Liveness", "last_words_path", "start_last_words", "job_dir"]
+__all__ = ["Liveness", "Process", "job_dir", "last_words_path", "start_last_words", "stop_last_words"]
 
 Addr = tuple[int, int]
+
+
+class _Router(Protocol):
+    def send_quiet(self, dest: Addr, frame: Frame) -> None: ...
+
+
+class _Failures(Protocol):
+    def declare_dead(self, addr: Addr, cause: str) -> None: ...
+
+
+class Process(Protocol):
+    """What liveness uses of the controller's runtime."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def router(self) -> _Router: ...
+
+    @property
+    def failures(self) -> _Failures: ...
 
 # A worker silent for a quarter of the heartbeat timeout (at most this long)
 # gets a PING.
 _PING_AFTER = 2.0
 
 _last_words: IO[str] | None = None
-
-
-def job_dir(controller_pid: int) -> str:
-    """A directory for this job's last-words files (on the controller's host)."""
-    return os.path.join(tempfile.gettempdir(), f"mpimesh-{controller_pid}")
 
 
 def last_words_path(controller_pid: int, addr: Addr) -> str:
@@ -83,9 +100,13 @@ def stop_last_words(controller_pid: int, addr: Addr) -> None:
 
 
 class Liveness:
-    """Watches the workers of one controller."""
+    """Watches the workers of one controller.
 
-    def __init__(self, runtime: Runtime) -> None:
+    Args:
+        runtime: the controller's runtime.
+    """
+
+    def __init__(self, runtime: Process) -> None:
         self.rt = runtime
         self.timeout = settings.heartbeat_timeout
         self.ping_after = min(_PING_AFTER, self.timeout / 4)
@@ -107,7 +128,7 @@ class Liveness:
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
-            self.rt.declare_dead(addr, "was gone before it could be watched")
+            self.rt.failures.declare_dead(addr, "was gone before it could be watched")
             return
         except OSError:
             return
@@ -139,7 +160,7 @@ class Liveness:
             addr = self._fds.get(fd)
             if addr is not None:
                 self.forget(addr)
-                self.rt.declare_dead(addr, self.cause(addr))
+                self.rt.failures.declare_dead(addr, self.cause(addr))
 
     def heartbeat(self) -> None:
         """PING quiet workers; declare dead those silent past the timeout."""
@@ -151,14 +172,14 @@ class Liveness:
             silent = now - heard
             if silent > self.timeout:
                 self.forget(addr)
-                self.rt.declare_dead(
+                self.rt.failures.declare_dead(
                     addr, f"stopped answering: silent for {silent:.1f} s (MPIMESH_HEARTBEAT_TIMEOUT={self.timeout:g})"
                 )
             elif silent > self.ping_after or now - self._pinged.get(addr, 0.0) > self.timeout / 2:
                 self._pinged[addr] = now
                 self._ping += 1
                 try:
-                    self.rt.router.send_quiet(addr, (Kind.PING, None, self._ping))
+                    self.rt.router.send_quiet(addr, protocol.ping(self._ping))
                 except ConnectionError:
                     pass
 

@@ -1,9 +1,10 @@
-"""The worker side: boot, serve until SHUTDOWN, leave cleanly.
+"""The worker role: serve until SHUTDOWN, leave cleanly.
 
 A worker never lets an exception reach mpi4py (which would call
 ``MPI_Abort`` and take the job down): everything ends in a BYE to the
 controller and an orderly ``MPI_Finalize``.  A worker whose controller has
-died exits on its own: no rank outlives the controller.
+died exits on its own: no rank outlives the controller.  ``_roles.boot``
+starts workers (:func:`run`).
 """
 
 from __future__ import annotations
@@ -14,94 +15,199 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
-from .._core import runtime as _runtime
-from .._core.logs import drain_all, install_forwarders
-from .._core.protocol import Kind
+from .._core import protocol
+from .._core.logs import Forwarder, drain_all, install_forwarders, warn
+from .._core.ports import OneReply
+from .._core.protocol import CONTROLLER, Frame, Kind
+from .._core.runtime import Runtime, extend_sys_path
 from .._transport.mpi import MPI, library
-from .._transport.router import CONTROLLER
 from ..config import settings
+from ..future import Future
+from ..supervision import MeshFailure
+from .base import BaseRole
 from .job_status import set_job_exit_status
 from .liveness import stop_last_words
 
-__all__ = ["main_pool", "main_spawned", "serve"]
+__all__ = ["Worker", "finish", "run"]
+
+Addr = tuple[int, int]
 
 # How often an idle worker checks that its controller still exists.
 _WATCH_PERIOD = 0.25
 
 
-def _controller_alive(rt: _runtime.Runtime) -> bool:
-    if rt.controller_host != rt.host:
-        # Another node: the controller pings every worker at least every
-        # half heartbeat timeout; twice the timeout of silence means it is gone.
-        return time.monotonic() - rt.router.heard_controller < 2 * settings.heartbeat_timeout
-    try:
-        os.kill(rt.controller_pid, 0)
-    except ProcessLookupError:
+class Worker(BaseRole):
+    """A launch-pool or spawned worker: serves actors for the controller.
+
+    Args:
+        runtime: this process's runtime.
+        spawned: started by ``MPI_Comm_spawn``: it waits for the controller's
+            INIT, and disconnects from its parent at the end.
+    """
+
+    name = "worker"
+    #: A worker outlives any death but the controller's: ending the job is the controller's call.
+    fault_tolerant = True
+
+    def __init__(self, runtime: Runtime, *, spawned: bool = False) -> None:
+        super().__init__(
+            runtime, {Kind.INIT: self.on_init, Kind.SHUTDOWN: self.on_shutdown, Kind.PING: self.on_ping}
+        )
+        self.spawned = spawned
+        #: a spawned worker has heard the controller's INIT
+        self.initialized = not spawned
+        #: this worker's stdout and stderr, once it serves (``_core.logs``)
+        self.forwarders: list[Forwarder] = []
+        runtime.every_ms(self._drain_forwarders)
+        runtime.role = self
+
+    # --- frames -----------------------------------------------------------------------------------
+
+    def on_init(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """INIT: a spawned worker learns where the controller runs and its ``sys.path``."""
+        _, _, _island, host, pid, path = frame
+        rt = self.rt
+        rt.controller_host, rt.controller_pid = host, pid
+        extend_sys_path(path)
+        with rt.cond:
+            self.initialized = True
+            rt.cond.notify_all()
+
+    def on_shutdown(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """SHUTDOWN: stop every actor, say BYE and exit with the status given."""
+        _, _, exit_code = frame
+        self.request_stop(exit_code)
+
+    def on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """PING: echo the controller's heartbeat (quietly: a heartbeat wakes nobody)."""
+        self.rt.router.send_quiet(CONTROLLER, frame)
+
+    # --- the runtime's questions (the Role protocol) ----------------------------------------------
+
+    def record_death(self, addr: Addr, cause: str) -> str:
+        """The report of a death this worker found itself (ULFM's, the controller silent)."""
+        return f"process {addr[0]}.{addr[1]} {cause}"
+
+    def live_addrs(self) -> list[Addr]:
+        """Nobody: telling the others of a death is the controller's job."""
+        return []
+
+    def fatal(self, report: str) -> None:
+        """Never called: a worker is :attr:`fault_tolerant`."""
+
+    def unhandled(self, failure: MeshFailure) -> None:
+        """A failure of a mesh that no actor owns: only the controller script can own one, so report it."""
+        warn(f"failure with no owner:\n{failure.report()}", self.rt.addr)
+
+    def settle_mpi_report(self, addr: Addr, text: str) -> bool:
+        """Not now: the controller's report, with the cause, usually follows within milliseconds."""
         return False
-    except PermissionError:
+
+    def allocate(self, n: int) -> list[tuple[Addr, str]]:
+        """``n`` processes from the controller (blocking)."""
+        fut = OneReply("spawn_procs", "spawn_procs", CONTROLLER)
+        self._ask("alloc", n, fut)
+        placed: list[tuple[Addr, str]] = fut.get()
+        return placed
+
+    def release(self, addrs: list[Addr], reason: str) -> Future[None]:
+        """Ask the controller to stop the actors on ``addrs`` and take the processes back."""
+        fut = OneReply("ProcMesh.stop()", "ProcMesh.stop", CONTROLLER)
+        self._ask("release", (addrs, reason), fut)
+        return fut
+
+    def _ask(self, op: str, arg: Any, fut: OneReply) -> None:
+        rt = self.rt
+        port = (rt.addr, rt.ports.open(fut))
+        rt.send(CONTROLLER, protocol.procs(op, arg, port))
+
+    # --- serving ----------------------------------------------------------------------------------
+
+    def serve(self) -> int:
+        """Serve actors until the controller says SHUTDOWN; returns the exit status."""
+        rt = self.rt
+        self.forwarders = install_forwarders(rt)
+        self._loop(_WATCH_PERIOD, self._watch_controller)
+        cells = rt.actors.stop_all("job shutdown", lambda: None)
+        stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
+        if not stuck:
+            rt.actors.join_threads(1.0)
+        stop_last_words(rt.controller_pid, rt.addr)
+        rt.close_bell()
+        drain_all(self.forwarders)
+        rt.send(CONTROLLER, protocol.bye(len(stuck)))
+        rt.drain_sends(2.0)
+        if self.spawned:
+            self._disconnect_parent()
+        return self.exit_code
+
+    def _drain_forwarders(self) -> None:
+        for forwarder in self.forwarders:
+            forwarder.drain()  # lines a write could not send itself
+
+    def _watch_controller(self) -> None:
+        rt = self.rt
+        if self.stopping or self._controller_alive():
+            return
+        warn(f"controller (pid {rt.controller_pid}) is gone; exiting", rt.addr)
+        if not self.spawned:
+            # The controller died before it could give the job its status
+            # (killed by a signal): under ULFM the launcher would exit 0.
+            set_job_exit_status(1)
+        os._exit(1)
+
+    def _controller_alive(self) -> bool:
+        rt = self.rt
+        if rt.controller_host != rt.host:
+            # Another node: the controller pings every worker at least every
+            # half heartbeat timeout; twice the timeout of silence means it is gone.
+            return time.monotonic() - rt.router.heard_controller < 2 * settings.heartbeat_timeout
+        try:
+            os.kill(rt.controller_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+
+    def _disconnect_parent(self) -> None:
+        # The controller disconnects only from an island that is whole
+        # (Controller._drop_island): once a sibling has died (issue #3: the
+        # island now outlives it), MPI_Comm_disconnect fails (MPI_ERR_COMM on
+        # Open MPI 5).  A disconnect the controller does not join would wait:
+        # the watchdog bounds it.
+        rt = self.rt
+        if any(addr[0] == rt.addr[0] for addr in rt.dead):
+            return
+        watchdog = threading.Timer(settings.shutdown_timeout, os._exit, args=(self.exit_code,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            with rt.router.exclusive():
+                MPI.Comm.Get_parent().Disconnect()
+        finally:
+            watchdog.cancel()
 
 
-def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
-    """Serve actors until the controller says SHUTDOWN; returns the exit status."""
-    rt.forwarders = install_forwarders(rt)
-    while not rt.stopping:
-        rt.progress.wait(lambda: rt.stopping, rt.cond, _WATCH_PERIOD, background=True)
-        if not rt.stopping and not _controller_alive(rt):
-            print(f"mpimesh worker {rt.addr}: controller (pid {rt.controller_pid}) is gone; exiting",
-                  file=sys.stderr, flush=True)
-            if not spawned:
-                # The controller died before it could give the job its status
-                # (killed by a signal): under ULFM the launcher would exit 0.
-                set_job_exit_status(1)
-            os._exit(1)
-    cells = rt.actors.stop_all("job shutdown", lambda: None)
-    stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
-    if not stuck:
-        rt.actors.join_threads(1.0)
-    stop_last_words(rt.controller_pid, rt.addr)
-    rt.close_bell()
-    drain_all(rt.forwarders)
-    rt.router.send(CONTROLLER, (Kind.BYE, None, len(stuck)))
-    deadline = time.monotonic() + 2.0
-    while rt.router.pending_sends() and time.monotonic() < deadline:
-        rt.progress.poll_once()
-        time.sleep(1e-4)
-    if spawned:
-        _disconnect_parent(rt)
-    return rt.exit_code
+def finish(code: int, dead: bool) -> int:
+    """End a worker process with ``code``, in bounded time.
 
-
-def _disconnect_parent(rt: _runtime.Runtime) -> None:
-    # The controller disconnects only from an island that is whole
-    # (_controller._close_island): once a sibling has died (issue #3: the
-    # island now outlives it), MPI_Comm_disconnect fails ("Server not
-    # available", MPI_ERR_COMM on Open MPI 5).  A disconnect the controller
-    # does not join would wait: the watchdog bounds it.
-    if any(addr[0] == rt.addr[0] for addr in rt.dead):
-        return
-    watchdog = threading.Timer(settings.shutdown_timeout, os._exit, args=(rt.exit_code,))
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        with rt.router.exclusive():
-            MPI.Comm.Get_parent().Disconnect()
-    finally:
-        watchdog.cancel()
-
-
-def _finish(code: int, rt: _runtime.Runtime | None = None) -> int:
+    Args:
+        code: the exit status.
+        dead: a process of the job has died (``MPI_Finalize`` is skipped).
+    """
     sys.stdout.flush()
     sys.stderr.flush()
     mpich = not library().startswith("Open MPI")
     # MPI_Finalize can spin forever once a process of the job has died
-    # (seen with Open MPI's ULFM): skip it then, and bound it always.
+    # (Open MPI's ULFM): skip it then, and bound it always.
     watchdog = threading.Timer(5.0, os._exit, args=(code,))
     watchdog.daemon = True
     watchdog.start()
-    if rt is not None and rt.dead and not mpich:
+    if dead and not mpich:
         os._exit(code)
     try:
         MPI.Finalize()
@@ -115,33 +221,16 @@ def _finish(code: int, rt: _runtime.Runtime | None = None) -> int:
     return code
 
 
-def _ignore_interrupts() -> None:
+def run(boot: Callable[[], Worker]) -> int:
+    """A worker process from start to end: ``boot()``, serve, finish; returns the exit status."""
     # Ctrl-C at the terminal reaches every rank; the controller decides what
     # happens (it stops the workers), so a worker must not die of it first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def main_pool(world: MPI.Intracomm) -> int:
-    """Entry of ranks 1..N-1 of the launch world."""
-    _ignore_interrupts()
-    rt = None
+    worker = None
     try:
-        rt = _runtime.boot_pool(world)
-        code = serve(rt)
+        worker = boot()
+        code = worker.serve()
     except BaseException:
         traceback.print_exc()
         code = 1
-    return _finish(code, rt)
-
-
-def main_spawned(island: int) -> int:
-    """Entry of a process created with ``MPI_Comm_spawn``."""
-    _ignore_interrupts()
-    rt = None
-    try:
-        rt = _runtime.boot_spawned(island)
-        code = serve(rt, spawned=True)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    return _finish(code, rt)
+    return finish(code, worker is not None and bool(worker.rt.dead))

@@ -2,8 +2,9 @@
 
 MPI gives an idle rank nothing to block on, so an idle process polls, with
 naps of up to ``MPIMESH_DEEP_SLEEP_US`` after half a second without traffic
-(``_progress``).  The first message after a pause then waited for the end of
-the receiver's nap: 8-15 ms for a first call after an idle second.
+(``mpimesh._core.progress``).  The first message after a pause then waits for
+the end of the receiver's nap (docs/design/transport.md, "Doorbells", has the
+figures).
 
 So every process also has a doorbell: a FIFO in the job's directory that its
 background waiter sleeps on with ``poll(2)``.  A process sending to a peer
@@ -20,12 +21,11 @@ import contextlib
 import os
 import select
 import stat
+import tempfile
 
-from .._roles.liveness import job_dir
+from .frames import Addr
 
-__all__ = ["Bell", "Ringer", "RING_AFTER", "bell_path"]
-
-Addr = tuple[int, int]
+__all__ = ["Bell", "Ringer", "RING_AFTER", "bell_path", "job_dir"]
 
 #: A frame to a peer not sent to for this long (seconds) rings its bell: by
 #: then the peer's actor threads have left polling to its background waiter.
@@ -34,6 +34,11 @@ RING_AFTER = 0.02
 
 # select() takes file descriptors below FD_SETSIZE only.
 _SELECT_LIMIT = 1024
+
+
+def job_dir(controller_pid: int) -> str:
+    """The job's directory on this host, named by its controller: bells and workers' last words."""
+    return os.path.join(tempfile.gettempdir(), f"mpimesh-{controller_pid}")
 
 
 def bell_path(controller_pid: int, addr: Addr) -> str:

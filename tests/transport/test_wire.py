@@ -1,8 +1,10 @@
-"""The native frame path (``mpimesh._transport.native``, ``native/wire.c``) against real MPI.
+"""The native part against real MPI: its binding (``mpimesh._transport.native``), its MPI calls
+(``native/wire.c``), its receive path (``native/pump.c``) and its send path (``native/post.c``).
 
 The pure tests run in this process (an MPI singleton); the subprocess test
 runs a job with the native calls and one with mpi4py's, and checks that both
-carry calls, ordered, in either direction.
+carry calls, ordered, in either direction.  The routers built on them are
+tested in test_router.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 from mpitest import mpiexec_cmd, python_cmd, run
 
-from mpimesh._transport import native as _wire
+from mpimesh._transport import native as binding
 from mpimesh._transport.mpi import MPI, library
 from mpimesh.config import load, settings
 
@@ -51,61 +53,61 @@ def comm() -> MPI.Intracomm:
 def native() -> None:
     if os.environ.get("MPIMESH_WIRE") == "mpi4py":
         pytest.skip("MPIMESH_WIRE=mpi4py")
-    assert _wire.bind(), f"the native frame path is not in use: {_wire.why_not}"
+    assert binding.bind(), f"the native frame path is not in use: {binding.why_not}"
 
 
 def test_the_default_install_uses_the_native_path(native: None) -> None:
     """scripts/bootstrap.sh builds mpimesh._native against the MPI it installs."""
-    assert _wire.probe is not None and _wire.isend is not None and _wire.why_not == ""
+    assert binding.probe is not None and binding.isend is not None and binding.why_not == ""
 
 
 def test_send_and_probe_a_frame(native: None, comm: MPI.Intracomm) -> None:
-    assert _wire.isend is not None and _wire.probe is not None
-    assert _wire.probe((comm.handle,), TAG, 0) is None
+    assert binding.isend is not None and binding.probe is not None
+    assert binding.probe((comm.handle,), TAG, 0) is None
     first, second = b"first", bytearray(b"second")
     # None: complete at once (Open MPI); else a request to complete later (MPICH, to itself)
-    requests = [_wire.isend(comm.handle, first, 0, TAG), _wire.isend(comm.handle, second, 0, TAG)]
-    assert _wire.probe((comm.handle,), TAG + 1, -1) is None  # another tag is not seen
-    assert _wire.probe((comm.handle,), TAG, 0) == (0, 0, b"first")
-    assert _wire.probe((comm.handle,), TAG, -1) == (0, 0, b"second")
-    assert _wire.probe((comm.handle,), TAG, 0) is None
+    requests = [binding.isend(comm.handle, first, 0, TAG), binding.isend(comm.handle, second, 0, TAG)]
+    assert binding.probe((comm.handle,), TAG + 1, -1) is None  # another tag is not seen
+    assert binding.probe((comm.handle,), TAG, 0) == (0, 0, b"first")
+    assert binding.probe((comm.handle,), TAG, -1) == (0, 0, b"second")
+    assert binding.probe((comm.handle,), TAG, 0) is None
     for handle in requests:
         if handle is not None:
             MPI.Request.fromhandle(handle).Wait()
 
 
 def test_probe_finds_the_link_with_a_message(native: None, comm: MPI.Intracomm) -> None:
-    assert _wire.isend is not None and _wire.probe is not None
+    assert binding.isend is not None and binding.probe is not None
     other = MPI.COMM_SELF.Dup()
     try:
         payload = b"x" * 1000
-        _keep(_wire.isend(other.handle, payload, 0, TAG), payload)
-        assert _wire.probe((comm.handle, other.handle), TAG, 0) == (1, 0, b"x" * 1000)
-        assert _wire.probe((), TAG, 10_000_000) is None  # no links: no spin either
+        _keep(binding.isend(other.handle, payload, 0, TAG), payload)
+        assert binding.probe((comm.handle, other.handle), TAG, 0) == (1, 0, b"x" * 1000)
+        assert binding.probe((), TAG, 10_000_000) is None  # no links: no spin either
     finally:
         other.Free()
 
 
 def test_probe_spins_for_the_time_asked(native: None, comm: MPI.Intracomm) -> None:
-    assert _wire.probe is not None
+    assert binding.probe is not None
     start = time.monotonic()
-    assert _wire.probe((comm.handle,), TAG, 20_000_000) is None
+    assert binding.probe((comm.handle,), TAG, 20_000_000) is None
     assert 0.019 <= time.monotonic() - start < 1.0
 
 
 def test_a_failed_send_raises_the_mpi_error(native: None, comm: MPI.Intracomm) -> None:
-    assert _wire.isend is not None
+    assert binding.isend is not None
     with pytest.raises(MPI.Exception) as info:
-        _wire.isend(comm.handle, b"nowhere", 5, TAG)  # COMM_SELF has one rank
+        binding.isend(comm.handle, b"nowhere", 5, TAG)  # COMM_SELF has one rank
     assert info.value.Get_error_class() == MPI.ERR_RANK
 
 
 def test_bad_arguments_name_the_function(native: None, comm: MPI.Intracomm) -> None:
-    assert _wire.probe is not None
+    assert binding.probe is not None
     with pytest.raises(TypeError, match="wire_probe"):
-        _wire.probe([comm.handle], TAG, 0)  # type: ignore[arg-type]
+        binding.probe([comm.handle], TAG, 0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^wire_probe: at most 64 communicators, got 65$"):
-        _wire.probe((comm.handle,) * 65, TAG, 0)
+        binding.probe((comm.handle,) * 65, TAG, 0)
 
 
 @pytest.mark.parametrize(
@@ -120,24 +122,25 @@ def test_bad_arguments_name_the_function(native: None, comm: MPI.Intracomm) -> N
 )
 def test_only_the_mpi_it_was_built_for(built: str, loaded: str, same: bool) -> None:
     """The MPI types come from the build's headers: vendor and major version must match."""
-    assert _wire.same_mpi(built, loaded) is same
+    assert binding.same_mpi(built, loaded) is same
 
 
 def test_a_mismatch_falls_back_or_fails_as_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_wire, "probe", None)
-    monkeypatch.setattr(_wire, "isend", None)
-    monkeypatch.setattr(_wire, "library", lambda: "Some MPI 1.0")
+    monkeypatch.setattr(binding, "probe", None)
+    monkeypatch.setattr(binding, "isend", None)
+    monkeypatch.setattr(binding, "library", lambda: "Some MPI 1.0")
     native_path = pytest.importorskip("mpimesh._native")
     assert native_path.built_with()
-    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="auto"))
-    assert not _wire.bind()
-    assert _wire.why_not.startswith("mpimesh._native was built with ") and "'Some MPI 1.0' is loaded" in _wire.why_not
-    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="native"))
+    monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="auto"))
+    assert not binding.bind()
+    assert binding.why_not.startswith("mpimesh._native was built with ")
+    assert "'Some MPI 1.0' is loaded" in binding.why_not
+    monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="native"))
     with pytest.raises(RuntimeError, match=r"^MPIMESH_WIRE=native, but mpimesh._native was built with .*; "
                                            r"unset MPIMESH_WIRE to fall back to mpi4py$"):
-        _wire.bind()
-    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="mpi4py"))
-    assert not _wire.bind() and _wire.why_not == "MPIMESH_WIRE=mpi4py"
+        binding.bind()
+    monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="mpi4py"))
+    assert not binding.bind() and binding.why_not == "MPIMESH_WIRE=mpi4py"
 
 
 def test_the_setting_is_a_choice() -> None:
@@ -152,6 +155,12 @@ import sys
 from mpimesh._core import current as _current
 from mpimesh import Actor, endpoint, this_host
 
+
+def native_path():
+    from mpimesh._transport.native_router import NativeRouter
+
+    return isinstance(_current.runtime.router, NativeRouter)
+
 class Echo(Actor):
     @endpoint
     def echo(self, i):
@@ -159,7 +168,7 @@ class Echo(Actor):
 
     @endpoint
     def path(self):
-        return _current.runtime.router._pump is not None
+        return native_path()
 
     @endpoint
     def relay(self, other, n):
@@ -171,7 +180,7 @@ class Echo(Actor):
 procs = this_host().spawn_procs(per_host={"gpus": 2})
 mesh = procs.spawn("echo", Echo)
 a, b = mesh.slice(gpus=0), mesh.slice(gpus=1)
-native = _current.runtime.router._pump is not None
+native = native_path()
 assert mesh.path.call().get(30).values() == [native, native]
 futures = [a.echo.call_one(i) for i in range(500)]  # pipelined: batches
 assert [f.get(30) for f in futures] == list(range(500))
@@ -189,7 +198,7 @@ def _auto_binds() -> bool:
     except ImportError:
         return False
     loaded = library()
-    return loaded.startswith("Open MPI") and _wire.same_mpi(_native.built_with(), loaded)
+    return loaded.startswith("Open MPI") and binding.same_mpi(_native.built_with(), loaded)
 
 
 @pytest.mark.subprocess
@@ -223,10 +232,10 @@ def _pump(comm: MPI.Intracomm, handlers: dict, *, on_error: object = None, take_
 
 
 def _post(comm: MPI.Intracomm, *frames: object) -> None:
-    assert _wire.isend is not None
+    assert binding.isend is not None
     for frame in frames:
         data = pickle.dumps(frame, protocol=5)
-        _keep(_wire.isend(comm.handle, data, 0, TAG), data)  # completes once received
+        _keep(binding.isend(comm.handle, data, 0, TAG), data)  # completes once received
 
 
 def test_pump_dispatches_in_order_and_notes_who_was_heard(native: None, comm: MPI.Intracomm) -> None:
@@ -356,9 +365,9 @@ def _sender(*, batching: bool = True, ring_after: float = 3600.0) -> tuple[objec
 
 
 def _frames(comm: MPI.Intracomm) -> list[object]:
-    assert _wire.probe is not None
+    assert binding.probe is not None
     got = []
-    while (hit := _wire.probe((comm.handle,), TAG, 0)) is not None:
+    while (hit := binding.probe((comm.handle,), TAG, 0)) is not None:
         got.append(pickle.loads(hit[2]))
     return got
 
@@ -435,90 +444,6 @@ def test_sender_errors(native: None, comm: MPI.Intracomm) -> None:
     assert not lock.locked()
 
 
-# The router at (0, 0) sends to itself without MPI (the Python poll); at (0, 1)
-# its frames to (0, 0) go through MPI to itself (the native pump, when bound).
-ROUTER_ADDRS = pytest.mark.parametrize("addr", [(0, 0), (0, 1)], ids=["to-itself", "through-mpi"])
-
-
-def _router(comm: MPI.Intracomm, handlers: dict, broken: list[str], addr: tuple[int, int] = (0, 0)) -> object:
-    from mpimesh._transport.router import Router
-
-    router = Router(addr, handlers, broken=broken.append)
-    router.add_island(comm, 0)
-    return router
-
-
-@ROUTER_ADDRS
-def test_a_raising_handler_is_reported_and_polling_goes_on(comm: MPI.Intracomm, addr: tuple[int, int]) -> None:
-    from mpimesh._core.protocol import Kind
-
-    seen: list[object] = []
-    broken: list[str] = []
-
-    def bad(src: object, frame: tuple, buffers: list) -> None:
-        raise KeyError("boom")
-
-    router = _router(comm, {Kind.LOG: bad, Kind.FAULT: lambda s, f, b: seen.append(f[2])}, broken, addr)
-    router.send((0, 0), (Kind.LOG, None, "x"))
-    router.send((0, 0), (Kind.FAULT, None, "after"))
-    assert router.poll() == 2
-    assert seen == ["after"]
-    assert len(broken) == 1 and broken[0].startswith("error handling LOG from (0, 0):\n")
-    assert "KeyError: 'boom'" in broken[0]
-    through_mpi = addr != (0, 0)  # frames to itself are not sent
-    assert (router.frames_out, router.frames_in, router.sent_at > 0) == (2 * through_mpi, 2, through_mpi)
-
-
-@ROUTER_ADDRS
-def test_every_ms_runs_and_heard_is_kept(comm: MPI.Intracomm, addr: tuple[int, int]) -> None:
-    from mpimesh._core.protocol import Kind
-
-    ticks: list[float] = []
-    router = _router(comm, {Kind.FAULT: lambda s, f, b: None, Kind.PING: lambda s, f, b: None}, [], addr)
-    router.every_ms = lambda: ticks.append(time.monotonic())
-    router.heard = {(0, 0): 0.0}
-    router.poll()
-    assert len(ticks) == 1
-    router.poll()
-    assert len(ticks) == 1  # not again within the millisecond
-    time.sleep(0.002)
-    router.send((0, 0), (Kind.PING, None))
-    assert router.poll() == 0  # a heartbeat is not traffic
-    assert len(ticks) == 2 and router.heard[(0, 0)] > 0
-    assert router.frames_in == 1
-
-
-@pytest.mark.parametrize("wire", ["native", "mpi4py"])
-def test_a_heartbeat_rings_no_doorbell(comm: MPI.Intracomm, wire: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """send_quiet: no ring, no sent_at, and the next frame after a pause still rings (it wakes the sleeper)."""
-    from mpimesh._core.protocol import Kind
-    from mpimesh._transport.bell import RING_AFTER
-
-    if wire == "mpi4py":
-        monkeypatch.setattr(_wire, "isend", None)
-        monkeypatch.setattr(_wire, "probe", None)
-        monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="mpi4py"))
-    elif not _wire.bind():
-        pytest.skip(_wire.why_not)
-    got: list[object] = []
-    router = _router(comm, {Kind.PING: lambda s, f, b: got.append(f), Kind.FAULT: lambda s, f, b: got.append(f)},
-                     [], (0, 1))
-    assert (_wire.isend is None) == (wire == "mpi4py")
-    rings: list[object] = []
-    router.ring = rings.append
-    router.send_quiet((0, 0), (Kind.PING, None, 1))
-    assert router.poll() == 0 and got == [(Kind.PING, None, 1)]  # it arrives; a heartbeat is not traffic
-    assert rings == [] and router.sent_at == 0.0
-    router.send((0, 0), (Kind.FAULT, None, "wake"))
-    assert rings == [(0, 0)] and router.sent_at > 0  # the first real frame rings
-    time.sleep(RING_AFTER * 1.5)
-    router.send_quiet((0, 0), (Kind.PING, None, 2))
-    router.send((0, 0), (Kind.FAULT, None, "again"))
-    assert rings == [(0, 0), (0, 0)]  # after a pause: the heartbeat in between did not count as a send
-    assert router.poll() == 2
-    assert got[1:] == [(Kind.FAULT, None, "wake"), (Kind.PING, None, 2), (Kind.FAULT, None, "again")]
-
-
 RELAY = """
 from mpimesh import Actor, endpoint, this_host
 
@@ -559,16 +484,16 @@ def test_call_sites_across_islands(tmp_path: Path) -> None:
 
 
 def test_mpich_keeps_mpi4py_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Built for MPICH the native path is used only when asked for (see _wire._try_bind)."""
+    """Built for MPICH the native path is used only when asked for (see binding._try_bind)."""
     native_part = pytest.importorskip("mpimesh._native")
-    monkeypatch.setattr(_wire, "probe", None)
-    monkeypatch.setattr(_wire, "isend", None)
-    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="auto"))
+    monkeypatch.setattr(binding, "probe", None)
+    monkeypatch.setattr(binding, "isend", None)
+    monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="auto"))
     monkeypatch.setattr(native_part, "built_with", lambda: "MPICH 5.0.2")
-    monkeypatch.setattr(_wire, "library", lambda: "MPICH Version:      5.0.2")
-    assert not _wire.bind()
-    assert _wire.why_not == (
+    monkeypatch.setattr(binding, "library", lambda: "MPICH Version:      5.0.2")
+    assert not binding.bind()
+    assert binding.why_not == (
         "the native frame path is used with Open MPI unless MPIMESH_WIRE=native ('MPICH Version:      5.0.2' is loaded)"
     )
-    monkeypatch.setattr(_wire, "settings", dataclasses.replace(settings, wire="native"))
-    assert _wire.bind() and _wire.why_not == ""  # asked for: binds (to the library really loaded)
+    monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="native"))
+    assert binding.bind() and binding.why_not == ""  # asked for: binds (to the library really loaded)

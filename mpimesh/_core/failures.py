@@ -1,0 +1,214 @@
+"""Failure reconciliation: which processes are dead, and who hears of it.
+
+A death is known from up to three sources, which must agree on one report:
+
+* the controller's own watch (``_roles.liveness``: a pidfd, last words,
+  heartbeats), which gives the cause, the pid and the host;
+* the controller's DEAD frame, which carries that report to every other
+  process;
+* ULFM's ``MPI_ERR_PROC_FAILED``, which often arrives first but says nothing
+  of the cause (and, on a worker, nothing of the pid or host either).
+
+So a ULFM report waits ``_MPI_REPORT_GRACE`` for the fuller one before it is
+taken as the cause.  Once a process is dead, :meth:`Failures.apply_dead` fails
+every wait on it (the port table) and hands a :class:`~mpimesh.MeshFailure`
+to the owner of each actor mesh it hosted: the owning actor's
+``__supervise__``, or the role's :meth:`Role.unhandled` at the top.
+
+What differs between the controller and a worker (who declares a death, who
+is told, whether the job survives it) is the role's, through :class:`Role`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..supervision import MeshFailure
+from . import protocol
+from .logs import warn
+from .protocol import CONTROLLER, Frame, Key
+
+if TYPE_CHECKING:
+    from .._transport.bell import Ringer
+    from ..shape import Shape
+    from .ports import PortTable
+
+__all__ = ["Failures", "Owned", "Owner", "Role"]
+
+Addr = tuple[int, int]
+
+# How long a process waits for the fuller report of a death that ULFM told it
+# about first (a worker: the controller's DEAD notice; the controller: its
+# pidfd), before failing its waits with ULFM's poorer message.
+_MPI_REPORT_GRACE = 0.2
+
+
+class Owner(Protocol):
+    """An actor that owns meshes (``_core.actors``)."""
+
+    def supervise(self, failure: MeshFailure) -> None:
+        """Hand ``failure`` to the actor's ``__supervise__``, in mailbox order."""
+        ...
+
+
+class Owned:
+    """An actor mesh this process spawned, kept to route its failures to its owner.
+
+    Args:
+        name: the mesh's name.
+        class_name: its actor class's ``__qualname__``.
+        addrs: the process of each of its ranks.
+        shape: its shape (for the coordinates in reports).
+        owner: the actor that spawned it, ``None`` for the controller script.
+    """
+
+    __slots__ = ("name", "class_name", "addrs", "shape", "owner")
+
+    def __init__(self, name: str, class_name: str, addrs: tuple[Addr, ...], shape: Shape, owner: Owner | None) -> None:
+        self.name = name
+        self.class_name = class_name
+        self.addrs = addrs
+        self.shape = shape
+        self.owner = owner
+
+    def failure(self, ranks: list[int], cause: str) -> MeshFailure:
+        """The failure of ``ranks`` of this mesh, for ``cause``."""
+        coords = [self.shape.coordinates(r) for r in ranks]
+        return MeshFailure(self.name, ranks, cause, self.class_name, coords)
+
+
+class Role(Protocol):
+    """What a process's role decides about deaths (``_roles.controller``, ``_roles.worker``)."""
+
+    @property
+    def fault_tolerant(self) -> bool:
+        """Whether this process's job outlives the death of one of its processes."""
+        ...
+
+    def record_death(self, addr: Addr, cause: str) -> str:
+        """Bookkeeping for the death of ``addr``; returns the report every process gets."""
+        ...
+
+    def live_addrs(self) -> list[Addr]:
+        """The processes to tell about a death this process declares."""
+        ...
+
+    def fatal(self, report: str) -> None:
+        """End the job after a death it cannot survive."""
+        ...
+
+    def unhandled(self, failure: MeshFailure) -> None:
+        """A failure reached the top: no actor owns the mesh that failed."""
+        ...
+
+    def settle_mpi_report(self, addr: Addr, text: str) -> bool:
+        """MPI reported ``addr`` failed; returns whether the role has settled it (no grace needed)."""
+        ...
+
+
+class Process(Protocol):
+    """What failure reconciliation uses of its process's runtime."""
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def ports(self) -> PortTable: ...
+
+    @property
+    def ringer(self) -> Ringer | None: ...
+
+    def send(self, dest: Addr, frame: Frame) -> None: ...
+
+
+class Failures:
+    """The dead processes and the meshes this process owns, and what follows a death.
+
+    Args:
+        process: this process's runtime.
+    """
+
+    def __init__(self, process: Process) -> None:
+        self._process = process
+        #: addr -> report, for every process known dead
+        self.dead: dict[Addr, str] = {}
+        #: actor meshes spawned from this process, by key
+        self.owned: dict[Key, Owned] = {}
+        # peers ULFM reported failed, waiting for the fuller report: addr -> (when, ULFM's text)
+        self._mpi_reported: dict[Addr, tuple[float, str]] = {}
+
+    def mpi_failed(self, addrs: list[Addr], text: str) -> None:
+        """ULFM reported ``addrs`` failed (the router's callback): settle now, or after the grace."""
+        role = self._process.role
+        for addr in addrs:
+            if addr in self.dead or role.settle_mpi_report(addr, text):
+                continue
+            self._mpi_reported.setdefault(addr, (time.monotonic(), text))
+
+    def check_reported(self) -> None:
+        """Declare dead the ULFM reports whose grace has run out (run about once per millisecond)."""
+        if not self._mpi_reported:
+            return
+        now = time.monotonic()
+        for addr, (when, text) in list(self._mpi_reported.items()):
+            if addr in self.dead:
+                del self._mpi_reported[addr]
+            elif now - when > _MPI_REPORT_GRACE:
+                del self._mpi_reported[addr]
+                self.declare_dead(addr, f"reported failed by MPI ({text})")
+
+    def declare_dead(self, addr: Addr, cause: str) -> None:
+        """This process has found ``addr`` dead: record it, tell the others, fail its waits, supervise."""
+        if addr in self.dead:
+            return
+        role = self._process.role
+        report = role.record_death(addr, cause)
+        frame = protocol.dead(addr, report)
+        for other in role.live_addrs():
+            try:
+                self._process.send(other, frame)
+            except ConnectionError:
+                pass
+        self.apply_dead(addr, report)
+        if not role.fault_tolerant:
+            role.fatal(report)
+
+    def apply_dead(self, addr: Addr, report: str) -> None:
+        """``addr`` is dead: fail every wait on it and tell the owners of its actors."""
+        if addr in self.dead:
+            return
+        self.dead[addr] = report
+        ringer = self._process.ringer
+        if ringer is not None:
+            ringer.forget(addr)
+        if addr == CONTROLLER:
+            return
+        self._process.ports.fail_source(addr, report)
+        for owned in list(self.owned.values()):
+            ranks = [r for r, a in enumerate(owned.addrs) if a == addr]
+            if ranks:
+                self.supervise(owned.owner, owned.failure(ranks, report))
+
+    def supervise(self, owner: Owner | None, failure: MeshFailure) -> None:
+        """Deliver ``failure`` to the owner actor, or to the role at the top."""
+        if owner is not None:
+            owner.supervise(failure)
+            return
+        self._process.role.unhandled(failure)
+
+    # --- frames -----------------------------------------------------------------------------------
+
+    def on_fault(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """FAULT: an actor of a mesh this process spawned has failed."""
+        _, _, key, rank, report = frame
+        owned = self.owned.get(key)
+        if owned is None:
+            warn(f"failure of an actor whose mesh is gone:\n{report}")
+            return
+        self.supervise(owned.owner, owned.failure([rank], report))
+
+    def on_dead(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """DEAD: the controller declared a process dead."""
+        _, _, addr, report = frame
+        self.apply_dead(addr, report)
