@@ -19,6 +19,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: The environment before any test ran.  An embedded controller (a test under
+#: plain pytest) sets PRRTE's recovery settings in its own environment for the
+#: PRRTE its first spawn starts (README, "Which MPI stacks keep the
+#: survivors"); a job a later test launches must not inherit them, or plain
+#: ``mpiexec`` would stop ending jobs on a rank's death or exit status.
+_START_ENV = dict(os.environ)
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what an embedded controller added to it, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRTE_MCA_state_base_") or k in _START_ENV}
+    env.update(extra)
+    return env
+
 
 def mpiexec() -> str:
     """The mpiexec that matches the MPI mpi4py loads (the venv's first)."""
@@ -85,7 +99,7 @@ def run(cmd: list[str], *, timeout: float = 60.0, env: dict[str, str] | None = N
     and reports those still alive as orphans (and kills them).
     """
     tag = f"mpimesh-test-{uuid.uuid4().hex}"
-    full_env = dict(os.environ, MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1")
+    full_env = base_env(MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1")
     full_env.pop("MPIMESH_TEST_EXPECT_NPROCS", None)
     if env:
         full_env.update(env)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mpitest import leftovers, mpiexec_cmd, python_cmd, run
+from mpitest import base_env, leftovers, mpiexec_cmd, python_cmd, run
 
 pytestmark = pytest.mark.subprocess
 
@@ -152,7 +152,7 @@ open({str(ready)!r}, "w").write(" ".join(map(str, pids)))
 time.sleep(3600)
 """)
     tag = f"mpimesh-kill-{os.getpid()}-{time.time_ns()}"
-    env = dict(os.environ, MPIMESH_TEST_TAG=tag)
+    env = base_env(MPIMESH_TEST_TAG=tag)
     proc = subprocess.Popen(python_cmd("-m", "mpimesh", path), env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

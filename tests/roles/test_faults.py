@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mpitest import ROOT, leftovers, mpiexec_cmd, python_cmd
+from mpitest import ROOT, base_env, leftovers, mpiexec_cmd, python_cmd
 
 pytestmark = pytest.mark.subprocess
 
@@ -117,7 +117,7 @@ def run_job(cmd: list[str], *, timeout: float = 90.0, env: dict[str, str] | None
     ``on_line(line, proc)`` sees every stdout line as it arrives.
     """
     tag = f"mpimesh-test-{uuid.uuid4().hex}"
-    full_env = dict(os.environ, MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1", **ENV)
+    full_env = base_env(MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1", **ENV)
     full_env.pop("MPIMESH_TEST_EXPECT_NPROCS", None)
     if env:
         full_env.update(env)
