@@ -54,7 +54,7 @@ class Config:
         debug: Trace lines tagged ``[rank N]`` on stderr (``MPIMESH_DEBUG``).
         batch_frames: Most frames to one process sent as one MPI message when
             they are sent in a burst (``MPIMESH_BATCH_FRAMES``; 1: every
-            frame is its own message).  See ``_router``.
+            frame is its own message).  See ``_transport.router``.
         rma_windows: Whether an island gets an MPI window for RDMABuffer
             (``MPIMESH_RMA_WINDOWS``): ``auto`` (only if it spans hosts;
             same-host buffers are copied with process_vm_readv), ``always``

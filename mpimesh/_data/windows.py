@@ -1,7 +1,7 @@
 """MPI windows of the data plane: one dynamic window per island.
 
 Windows are collective, so each is made at boot, on the communicator every
-process of an island already shares (``_runtime.boot_controller`` /
+process of an island already shares (``_roles.boot.boot_controller`` /
 ``boot_pool`` for island 0, ``boot_spawned`` for a spawned island).  It is a
 *dynamic* window (``MPI_Win_create_dynamic``): any memory may be attached
 later, by one process alone, so an :class:`~mpimesh.RDMABuffer` made at any

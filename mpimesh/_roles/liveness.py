@@ -10,7 +10,7 @@ death of a spawned process is never reported to its parent
 * every worker through heartbeats: one that has been silent for a while gets
   a PING, and one silent for ``MPIMESH_HEARTBEAT_TIMEOUT`` seconds is
   declared dead (hung in C code, stopped, on a lost node);
-* ULFM's ``ERR_PROC_FAILED`` where the MPI has it (see ``_router``).
+* ULFM's ``ERR_PROC_FAILED`` where the MPI has it (see ``_transport.router`` and ``_core.failures``).
 
 The cause comes from the worker's *last words*: every worker points Python's
 ``faulthandler`` at a file of its own, so a fatal signal (SIGSEGV, SIGABRT,
