@@ -40,9 +40,9 @@ from .._transport.buffers import (
 if TYPE_CHECKING:
     import numpy as np
 
-# numpy is imported where it is used: `import mpimesh` stays fast (~50 ms
-# without it, ~150 ms with), and a worker that only ever gets small messages
-# never needs it.
+# numpy is imported where it is used: it would triple the time of
+# `import mpimesh` (docs/design/data.md), and a worker that only ever gets
+# small messages never needs it.
 
 __all__ = [
     "CudaSupport",

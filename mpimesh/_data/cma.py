@@ -7,9 +7,9 @@ same calls for its single-copy path (``smsc/cma``).  The data plane uses them
 for an :class:`~mpimesh.RDMABuffer` whose owner runs on the same host,
 because MPI's own one-sided operations on memory the user allocated (dynamic
 windows, ``Win.Create``) are emulated with messages on the PyPI Open MPI and
-MPICH stacks: they move data only while the owner polls MPI (measured here,
-64 MiB: 12 GB/s with CMA; 0.67 GB/s with a dynamic window whose owner polls
-every millisecond, 0.10 GB/s every 8 ms, 0.01 GB/s on MPICH).
+MPICH stacks: they move data only while the owner polls MPI, so their speed
+follows the owner's polling (figures in docs/design/data.md, "CMA against
+windows").
 
 The kernel allows these calls when the reader may ptrace the owner: same
 user, and under Yama's ``ptrace_scope=1`` only if the owner said so with
@@ -81,8 +81,8 @@ def allow_readers() -> None:
 
 
 # Large copies are split across threads: the kernel pins and copies 4 KiB
-# pages one by one, and an idle owner leaves cores free (measured here, 64 MiB
-# from a torch tensor: 8.9 ms on one thread, 5.8 ms on two).
+# pages one by one, and an idle owner leaves cores free (docs/design/data.md,
+# "Threads and huge pages").
 _SPLIT = 16 << 20
 _THREADS = max(1, min(4, os.cpu_count() or 1))
 _pool: Any = None
@@ -132,10 +132,10 @@ def _copy_one(name: str, pid: int, local: int, remote: int, nbytes: int) -> None
         done += n
 
 
-# The kernel pins every remote page it copies: 2 MiB pages make a copy of
-# 64 MiB from a torch tensor take 4.0 ms instead of 6.7 (two threads each).
-# MADV_COLLAPSE (Linux 6.1) moves a range into huge pages now, keeping its
-# contents and addresses (80 ms for 64 MiB, once); older kernels refuse it.
+# The kernel pins every remote page it copies, so 2 MiB pages make a copy
+# cheaper.  MADV_COLLAPSE (Linux 6.1) moves a range into huge pages now,
+# keeping its contents and addresses, at a one-off cost; older kernels refuse
+# it (docs/design/data.md, "Threads and huge pages").
 _HUGE = 2 << 20
 _MADV_COLLAPSE = 25
 _collapser: Any = None
