@@ -119,10 +119,12 @@ class Endpoint(Generic[R]):
         """
         if not self._single:
             mesh = self._mesh
-            dim = mesh._shape.labels[0] if mesh._shape.labels else "dim"
+            # Every dimension with more than one actor must be fixed for the hint to name one actor.
+            wide = [label for label, size in zip(mesh._shape.labels, mesh._shape.sizes, strict=True) if size > 1]
+            coords = ", ".join(f"{label}=0" for label in wide)
             raise ValueError(
                 f"call_one() needs a mesh of exactly 1 actor, got {len(mesh)} in {mesh!r}; "
-                f"slice it to one actor first, e.g. {mesh._name}.slice({dim}=0), or use call()"
+                f"slice it to one actor first, e.g. {mesh._name}.slice({coords}), or use call()"
             )
         return self._send(args, kwargs, self._call_one_name, 0)
 

@@ -197,11 +197,11 @@ def test_call_one_on_a_slice_and_message_rank(echo: object) -> None:
 
 
 def test_call_one_rejects_many_actors(echo: object) -> None:
-    """call_one() on a mesh of two raises before sending anything."""
+    """call_one() on a mesh of two raises before sending anything, naming a slice of exactly one actor."""
     with pytest.raises(
         ValueError,
         match=r"^call_one\(\) needs a mesh of exactly 1 actor, got 2 in ActorMesh\('echo', Echo, hosts=1, gpus=2\); "
-        r"slice it to one actor first, e.g. echo.slice\(hosts=0\), or use call\(\)$",
+        r"slice it to one actor first, e.g. echo.slice\(gpus=0\), or use call\(\)$",
     ):
         echo.rank.call_one()  # type: ignore[attr-defined]
 
