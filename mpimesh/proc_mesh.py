@@ -19,6 +19,9 @@ from .shape import MeshTrait, Shape
 
 __all__ = ["HostMesh", "ProcMesh", "this_host", "this_proc"]
 
+#: Modules that an actor's process imports before the actor, when its creator has them.
+_PRELOAD = ("torch",)
+
 T = TypeVar("T")
 Addr = tuple[int, int]
 
@@ -99,9 +102,14 @@ class ProcMesh(MeshTrait):
             n for n, m in inspect.getmembers(Class, callable) if not n.startswith("_") and n not in table
         )
         rt = _current.current()
+        # A worker imports torch lazily, at the first tensor it unpickles: that
+        # made the first call with a tensor 1.2-1.6 s instead of milliseconds
+        # (issue #13).  The creator's torch module travels with the actor (by
+        # reference), so the import is part of the actor's creation.
+        preload = tuple(sys.modules[m] for m in _PRELOAD if m in sys.modules)
         try:
             body, buffers = _serialize.dumps(
-                (Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key))
+                (Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key), preload)
             )
         except Exception as exc:
             raise TypeError(

@@ -212,7 +212,7 @@ class _Cell:
         _, body, buffers, port = item
         token = _current.set(Context(self.identity, self.point))
         try:
-            cls, args, kwargs, proc_mesh = _serialize.loads(body, buffers)
+            cls, args, kwargs, proc_mesh, _preloaded = _serialize.loads(body, buffers)
             self.identity.class_name = cls.__qualname__
             self.identity.proc_mesh = proc_mesh
             self.instance = cls(*args, **kwargs)
