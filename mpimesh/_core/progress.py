@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from .._data import windows as _windows
 from ..config import settings
 
 if TYPE_CHECKING:
@@ -62,6 +63,19 @@ _SPIN_CHUNK = 50e-6
 # costs 30-100 us of CPU on the VMs measured, so 1 ms naps cost ~5 % of a
 # core and 8 ms naps ~1 %, for at most 8 ms more on a first call after idle.
 _DEEP_AFTER = 0.5
+
+
+def _exposed() -> bool:
+    """Whether this process has memory in its island's MPI window (an RDMABuffer another host may read).
+
+    Open MPI 5 serves one-sided reads across hosts (osc/rdma over the TCP
+    BTL: gets emulated with active messages) only inside the owner's MPI
+    calls, and the reads are not this runtime's traffic: in deep naps (8 ms)
+    a 32 MiB read took 0.21-0.27x a Send's time, in 1 ms naps about twice
+    as fast (issue #13).  Such an owner stays out of the deep naps.
+    """
+    win = _windows.window()
+    return win is not None and bool(win.attached)
 
 
 def _tighten_timer_slack() -> None:
@@ -287,7 +301,7 @@ class Progress:
                     self._background_sleep = 2e-5
                     continue
                 quiet = now - self._last_traffic
-                ceiling = self._deep_sleep if quiet > _DEEP_AFTER else self._max_sleep
+                ceiling = self._deep_sleep if quiet > _DEEP_AFTER and not _exposed() else self._max_sleep
                 pause = self._background_sleep = min(ceiling, max(2e-5, sleep * 2))
             else:
                 pause = self._max_sleep
