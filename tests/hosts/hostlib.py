@@ -143,16 +143,22 @@ class Job:
 
 
 def run_job(cmd: list[str], *, timeout: float = 90.0, env: dict[str, str] | None = None,
-            on_line: Callable[[str, Job], None] | None = None, end: str = "END") -> Job:
+            on_line: Callable[[str, Job], None] | None = None, end: str = "END", ulfm: bool = True) -> Job:
     """Run ``cmd`` in a session of its own, bounded; collect ``ROW`` lines; find orphans on every host.
 
     The job is killed (with every process of its tag, on every host) when it
     runs past ``timeout`` or past ``EXIT_BOUND`` seconds after printing a
     line that starts with ``end``.  ``on_line(line, job)`` sees each stdout
-    line as it arrives and may note times in ``job.marks``.
+    line as it arrives and may note times in ``job.marks``.  ``ulfm``: add
+    :data:`ULFM_RUNTIME` (``mpimesh run`` adds it itself).
     """
     tag = f"mpimesh-test-{uuid.uuid4().hex}"
-    full_env = dict(os.environ, MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1", **ENV, **ULFM_RUNTIME)
+    full_env = dict(os.environ, MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1", **ENV)
+    for name, value in ULFM_RUNTIME.items():
+        if ulfm:
+            full_env[name] = value
+        else:
+            full_env.pop(name, None)
     full_env.pop("MPIMESH_TEST_EXPECT_NPROCS", None)
     if env:
         full_env.update(env)
