@@ -8,6 +8,7 @@ died exits on its own: no rank outlives the controller.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -18,11 +19,12 @@ import traceback
 from .._core import runtime as _runtime
 from .._core.logs import drain_all, install_forwarders
 from .._core.protocol import Kind
+from .._transport.bell import bell_path
 from .._transport.mpi import MPI, library
 from .._transport.router import CONTROLLER
 from ..config import settings
 from .job_status import set_job_exit_status
-from .liveness import stop_last_words
+from .liveness import job_dir, last_words_path, stop_last_words
 
 __all__ = ["main_pool", "main_spawned", "serve"]
 
@@ -63,6 +65,17 @@ def serve(rt: _runtime.Runtime, *, spawned: bool = False) -> int:
         rt.actors.join_threads(1.0)
     stop_last_words(rt.controller_pid, rt.addr)
     rt.close_bell()
+    # This job's files on this host: the controller removes its own host's
+    # job directory whole; on another host nobody did, and each death there
+    # left its last words and bell behind (issue #13).  The dead processes'
+    # files go (those of another host do not exist here), then the directory
+    # once empty: the last worker of this host to leave removes it.
+    for addr in rt.dead:
+        for path in (last_words_path(rt.controller_pid, addr), bell_path(rt.controller_pid, addr)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(job_dir(rt.controller_pid))
     drain_all(rt.forwarders)
     rt.router.send(CONTROLLER, (Kind.BYE, None, len(stuck)))
     deadline = time.monotonic() + 2.0
