@@ -216,7 +216,7 @@ def run(cmd: list[str], timeout: float, hosts: list[str], ft: bool = False, kill
     from _common import kill_session, launch_env
 
     env = launch_env(ULFM_RUNTIME if ft else None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, ROOT, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", ""), ROOT) if p)
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=HERE, start_new_session=True)
     out: list[str] = []
