@@ -18,6 +18,12 @@ mpi4py loads, and with defaults that suit mpimesh:
   when asked, or when N exceeds the usable CPUs outside a Slurm allocation.
 * MPICH (and Intel MPI): its Hydra ``mpiexec -n N``, which neither checks
   slots nor binds, and needs nothing for root.
+* ``--host LIST`` / ``--hostfile FILE`` place the ranks on other nodes
+  (Hydra: ``-hosts`` / ``-f``); Open MPI then maps them by slot, in the
+  order of the list, and lets spawned processes exceed the slots
+  (``--map-by slot:OVERSUBSCRIBE`` unless a mapping policy is set), and
+  libfabric is kept (it may be the network).  A cross-node job so gets the
+  same ULFM settings as a one-node one.
 
 ``mpimesh info`` prints, as JSON, which MPI library mpi4py loads, the
 matching ``mpiexec``, whether ULFM is available and whether the library is
@@ -50,8 +56,8 @@ from .discover import MpiLibrary, find_mpiexec, no_mpiexec_message, probe_librar
 __all__ = ["main"]
 
 _USAGE = """\
-usage: mpimesh run -n N [--oversubscribe] [--no-ft] [--dry-run] [--mpiexec PATH]
-                   (script.py | -m module) [args...]
+usage: mpimesh run -n N [--host LIST | --hostfile FILE] [--oversubscribe] [--no-ft]
+                   [--dry-run] [--mpiexec PATH] (script.py | -m module) [args...]
        mpimesh info [--get KEY]
 
 Run a Python script (or module) on an MPI world of N processes: rank 0 runs
@@ -59,6 +65,9 @@ it as the controller, the other ranks serve actors.
 
 run options:
   -n N, --np N      number of MPI processes (required)
+  --host LIST       hosts and slots, e.g. node1:4,node2:4 (passed to mpiexec;
+                    MPICH: -hosts)
+  --hostfile FILE   a host file (passed to mpiexec; MPICH: -f)
   --oversubscribe   allow more processes than CPUs or slots (also for
                     workers spawned later); automatic when N exceeds the
                     usable CPUs outside a Slurm allocation
@@ -85,6 +94,8 @@ class RunOptions:
     Attributes:
         nprocs: Number of MPI processes.
         target: ``["script.py", *args]`` or ``["-m", "module", *args]``.
+        hosts: ``--host LIST``, or ``None``.
+        hostfile: ``--hostfile FILE``, or ``None``.
         oversubscribe: ``--oversubscribe`` was given.
         ft: ULFM wanted (no ``--no-ft``).
         dry_run: Print, do not run.
@@ -98,6 +109,8 @@ class RunOptions:
     ft: bool = True
     dry_run: bool = False
     mpiexec: str | None = None
+    hosts: str | None = None
+    hostfile: str | None = None
 
 
 def parse_run_args(argv: Sequence[str]) -> RunOptions:
@@ -116,6 +129,8 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
     ft = True
     dry_run = False
     mpiexec: str | None = None
+    hosts: str | None = None
+    hostfile: str | None = None
     target: list[str] = []
     i = 0
 
@@ -144,6 +159,14 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
             mpiexec = value(arg)
         elif arg.startswith("--mpiexec="):
             mpiexec = arg[len("--mpiexec="):]
+        elif arg == "--host":
+            hosts = value(arg)
+        elif arg.startswith("--host="):
+            hosts = arg[len("--host="):]
+        elif arg == "--hostfile":
+            hostfile = value(arg)
+        elif arg.startswith("--hostfile="):
+            hostfile = arg[len("--hostfile="):]
         elif arg == "-m":
             target = ["-m", value(arg), *argv[i + 1:]]
             break
@@ -169,7 +192,7 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
             "mpimesh run: expecting a script or -m module, got none;"
             " e.g. `mpimesh run -n 4 script.py`"
         )
-    return RunOptions(nprocs, target, oversubscribe, ft, dry_run, mpiexec)
+    return RunOptions(nprocs, target, oversubscribe, ft, dry_run, mpiexec, hosts, hostfile)
 
 
 def _parse_nprocs(text: str) -> int:
@@ -229,6 +252,8 @@ def records_job_status(lib: MpiLibrary) -> bool:
 # Open MPI 4 (ORTE) and 5 (PRRTE) names of the binding policy; if the user
 # set either, their binding stands.
 _BINDING_VARS = ("OMPI_MCA_hwloc_base_binding_policy", "PRTE_MCA_hwloc_default_binding_policy")
+# The same for the mapping policy.
+_MAPPING_VARS = ("OMPI_MCA_rmaps_base_mapping_policy", "PRTE_MCA_rmaps_default_mapping_policy")
 
 
 def usable_cpus() -> int:
@@ -293,13 +318,24 @@ def build_command(
     """
     argv = [mpiexec, "-n", str(opts.nprocs)]
     added: dict[str, str] = {}
-    oversubscribe = want_oversubscribe(opts, environ, cpus)
+    # Ranks placed on listed hosts: this node's CPUs say nothing about them.
+    placed = opts.hosts is not None or opts.hostfile is not None
+    oversubscribe = opts.oversubscribe if placed else want_oversubscribe(opts, environ, cpus)
+    if lib.vendor != "openmpi":
+        if opts.hosts is not None:
+            argv += ["-hosts", opts.hosts]
+        if opts.hostfile is not None:
+            argv += ["-f", opts.hostfile]
     if lib.vendor == "openmpi":
+        if opts.hosts is not None:
+            argv += ["--host", opts.hosts]
+        if opts.hostfile is not None:
+            argv += ["--hostfile", opts.hostfile]
         if opts.ft and lib.ulfm:
             argv += ["--with-ft", "ulfm"]
             if records_job_status(lib):
                 added.update({name: value for name, value in ULFM_RUNTIME.items() if name not in environ})
-        if not _multi_node(environ):
+        if not _multi_node(environ) and not placed:
             # libfabric's provider probing costs ~1 s per MPI_Init and per
             # spawn; excluding the btl alone removes it here (measured), the
             # mtl is excluded too so pml cm cannot pick it up on other boxes.
@@ -308,7 +344,16 @@ def build_command(
                 argv += ["--mca", "btl", "^ofi"]
             if "OMPI_MCA_mtl" not in environ:
                 argv += ["--mca", "mtl", "^ofi"]
-        if oversubscribe:
+        if placed and not any(name in environ for name in _MAPPING_VARS):
+            # Ranks fill the listed hosts in order, and may exceed their
+            # slots: MPI_Comm_spawn needs room, and PRRTE 3.0 never gives a
+            # dead rank's slot back (issue #13: without this, a spawn after
+            # a death failed and PRRTE ended the job with status 213).  By
+            # slot explicitly: a bare --oversubscribe without --bind-to none
+            # on the command line mapped by core and put every rank of
+            # `--host a:1,b:1 -n 2` on a.
+            argv += ["--map-by", "slot:OVERSUBSCRIBE"]
+        elif oversubscribe:
             argv += ["--oversubscribe"]
         if not any(name in environ for name in _BINDING_VARS):
             # mpimesh ranks are multi-threaded (progress thread, torch

@@ -1,0 +1,319 @@
+"""Helpers for tests across simulated hosts (``.ci/multihost.sh``): gate, command, bounded job.
+
+The hosts are network plus UTS namespaces on this machine (root only).
+``.ci/hosts-tests.sh`` brings them up and sets ``MPIMESH_TEST_HOSTS`` to
+their names (``mh1,mh2``); without it every test here skips and says why.
+With ``MPIMESH_TEST_HOSTS_REQUIRED=1`` (what that script sets) a missing
+host fails the test instead, so CI cannot go green by skipping.
+
+Jobs run under ``mpiexec --with-ft ulfm`` with the three PRRTE settings that
+``mpimesh run`` adds on Open MPI 5.0.9+ (README, "Launching": "If you call
+``mpiexec --with-ft ulfm`` yourself, set all three"), since ``mpimesh run``
+cannot place ranks on hosts.  Each job runs in a session of its own, with a
+time bound; every process it leaves behind, on any host, is an orphan
+(found through ``MPIMESH_TEST_TAG``, which reaches the hosts' PRRTE daemons
+and ranks through the agent's environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mpitest import ROOT, is_openmpi, leftovers, mpiexec
+
+HOSTS_ENV = "MPIMESH_TEST_HOSTS"
+REQUIRED_ENV = "MPIMESH_TEST_HOSTS_REQUIRED"
+SCRIPT = ROOT / ".ci" / "multihost.sh"
+
+#: What ``mpimesh run`` adds under ULFM on Open MPI 5.0.9+ (mpimesh/_launch/cli.py ULFM_RUNTIME).
+ULFM_RUNTIME = {
+    "PRTE_MCA_state_base_error_non_zero_exit": "0",
+    "PRTE_MCA_state_base_recoverable": "1",
+    "MPIMESH_PMIX_EXIT_STATUS": "1",
+}
+
+#: Bounds of the fault tests (test_faults.py's values).
+ENV = {
+    "MPIMESH_SHUTDOWN_TIMEOUT": "2",
+    "MPIMESH_CLEANUP_TIMEOUT": "1",
+    "MPIMESH_SPAWN_TIMEOUT": "30",
+}
+
+#: Seconds the job may take to end after its script printed END.
+EXIT_BOUND = 12.0
+
+
+def _not_up(why: str) -> None:
+    if os.environ.get(REQUIRED_ENV) == "1":
+        pytest.fail(f"{why} (and {REQUIRED_ENV}=1)")
+    pytest.skip(why)
+
+
+def hosts(count: int = 2) -> list[str]:
+    """The names of the simulated hosts; skips (or fails, if required) when they are not up."""
+    if os.geteuid() != 0:
+        _not_up("simulated hosts need root (network and UTS namespaces): run `sudo bash .ci/hosts-tests.sh`")
+    names = [h for h in os.environ.get(HOSTS_ENV, "").split(",") if h]
+    if not names:
+        _not_up(f"simulated hosts are not up ({HOSTS_ENV} is unset): run `bash .ci/hosts-tests.sh`, or "
+                f"`bash .ci/multihost.sh up 2` and set {HOSTS_ENV}=mh1,mh2")
+    if len(names) < count:
+        _not_up(f"expecting {count} simulated hosts in {HOSTS_ENV}, got {names}; "
+                f"run `bash .ci/multihost.sh up {count}`")
+    for name in names[:count]:
+        if not Path("/run/netns", name).exists():
+            _not_up(f"simulated host {name} is not up (no /run/netns/{name}): run `bash .ci/multihost.sh up {count}`")
+    if not is_openmpi():
+        _not_up("the simulated hosts' agent and flags are Open MPI's (PRRTE): run them with the Open MPI venv")
+    return names[:count]
+
+
+def flags() -> list[str]:
+    """``mpiexec`` flags that reach the simulated hosts (``multihost.sh flags``)."""
+    done = subprocess.run(["bash", str(SCRIPT), "flags"], capture_output=True, text=True, timeout=20,
+                          env=dict(os.environ, VENV=str(Path(sys.executable).parent.parent)))
+    if done.returncode != 0:
+        _not_up(f"`{SCRIPT} flags` failed: {done.stderr.strip()}")
+    return done.stdout.split()
+
+
+def host_cmd(placement: str, n: int, *args: str, ft: bool = True) -> list[str]:
+    """``mpiexec <flags> [--with-ft ulfm] --host PLACEMENT -n N python -m mpimesh ARGS``."""
+    cmd = [mpiexec(), *flags()]
+    if ft:
+        cmd += ["--with-ft", "ulfm"]
+    return cmd + ["--host", placement, "-n", str(n), sys.executable, "-m", "mpimesh", *args]
+
+
+def host_pids(host: str) -> list[int]:
+    """Every process in ``host``'s network namespace (``ip netns pids``)."""
+    done = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True, timeout=10)
+    return [int(p) for p in done.stdout.split()]
+
+
+def kill_host(host: str) -> list[int]:
+    """Lose ``host``: SIGKILL every process in it at once; returns their pids."""
+    pids = host_pids(host)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+@dataclass
+class Job:
+    """What a bounded job left behind."""
+
+    cmd: list[str]
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    #: seconds from the END line to the end of the job (None: no END line)
+    after_end: float | None
+    #: why the job was killed, or "" if it ended on its own
+    hung: str
+    orphans: list[str]
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: time.monotonic() of events the harness caused (e.g. "killed")
+    marks: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ended(self) -> bool:
+        """The script reached its END line."""
+        return self.after_end is not None
+
+    def describe(self) -> str:
+        return (f"{' '.join(self.cmd)}\nstatus {self.returncode} after {self.seconds:.1f} s {self.hung}\n"
+                f"orphans: {self.orphans}\nstdout:\n{self.stdout[-6000:]}\nstderr:\n{self.stderr[-6000:]}")
+
+
+def run_job(cmd: list[str], *, timeout: float = 90.0, env: dict[str, str] | None = None,
+            on_line: Callable[[str, Job], None] | None = None, end: str = "END", ulfm: bool = True) -> Job:
+    """Run ``cmd`` in a session of its own, bounded; collect ``ROW`` lines; find orphans on every host.
+
+    The job is killed (with every process of its tag, on every host) when it
+    runs past ``timeout`` or past ``EXIT_BOUND`` seconds after printing a
+    line that starts with ``end``.  ``on_line(line, job)`` sees each stdout
+    line as it arrives and may note times in ``job.marks``.  ``ulfm``: add
+    :data:`ULFM_RUNTIME` (``mpimesh run`` adds it itself).
+    """
+    tag = f"mpimesh-test-{uuid.uuid4().hex}"
+    full_env = dict(os.environ, MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1", **ENV)
+    for name, value in ULFM_RUNTIME.items():
+        if ulfm:
+            full_env[name] = value
+        else:
+            full_env.pop(name, None)
+    full_env.pop("MPIMESH_TEST_EXPECT_NPROCS", None)
+    if env:
+        full_env.update(env)
+    job = Job(cmd, None, "", "", 0.0, None, "", [])
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=full_env, cwd=str(ROOT), start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+    end_at: list[float] = []
+
+    def read_out() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.append(line)
+            if line.startswith(end) and not end_at:
+                end_at.append(time.monotonic())
+            if on_line is not None:
+                on_line(line, job)
+
+    def read_err() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err.append(line)
+
+    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
+    for reader in readers:
+        reader.start()
+    hung = ""
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - start > timeout:
+            hung = f"(killed: still running after {timeout:g} s)"
+        elif end_at and now - end_at[0] > EXIT_BOUND:
+            hung = f"(killed: still running {EXIT_BOUND:g} s after END)"
+        if hung:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            break
+        try:
+            proc.wait(0.05)
+        except subprocess.TimeoutExpired:
+            pass
+    proc.wait()
+    seconds = time.monotonic() - start
+    # Ranks on the hosts are not in the job's session (the agent starts them
+    # through `ip netns exec`): find them by their tag.
+    deadline = time.monotonic() + (0.0 if hung else 5.0)
+    orphans = leftovers(tag)
+    while orphans and time.monotonic() < deadline:
+        time.sleep(0.05)
+        orphans = leftovers(tag)
+    for line in orphans:
+        try:
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    for reader in readers:
+        reader.join(5.0)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    proc.stderr.close()
+    job.returncode = None if hung else proc.returncode
+    job.stdout, job.stderr, job.seconds, job.hung, job.orphans = "".join(out), "".join(err), seconds, hung, orphans
+    job.after_end = (seconds + start - end_at[0]) if end_at else None
+    for line in job.stdout.splitlines():
+        if line.startswith("ROW "):
+            row = json.loads(line[4:])
+            job.rows[row["adverb"]] = row
+    return job
+
+
+def assert_ended(job: Job, code: int = 0) -> None:
+    """The job ended by itself with ``code``, within EXIT_BOUND of its END line, leaving no process on any host."""
+    assert not job.hung, job.describe()
+    assert job.ended, job.describe()
+    assert job.returncode == code, job.describe()
+    assert job.after_end is not None and job.after_end < EXIT_BOUND, job.describe()
+    assert job.orphans == [], job.describe()
+
+
+# The part every job script shares: an actor that faults on request, a hook
+# that records failures, and ROW lines.
+PREAMBLE = r'''
+import ctypes, json, os, signal, sys, threading, time
+import mpimesh
+from mpi4py import MPI
+from mpimesh import Actor, ActorError, SupervisionError, endpoint, this_host
+
+HOST = MPI.Get_processor_name()
+
+
+class W(Actor):
+    @endpoint
+    def where(self):
+        return [MPI.Get_processor_name(), os.getpid()]
+
+    @endpoint
+    def fault(self, kind):
+        if kind == "exception":
+            raise ValueError("boom 42")
+        if kind == "exit0":
+            os._exit(0)
+        if kind == "exit1":
+            os._exit(1)
+        if kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "sigsegv":
+            ctypes.string_at(0)  # a real segmentation fault
+        if kind == "hang":
+            time.sleep(3600)
+        raise AssertionError(kind)
+
+
+class Hook:
+    """mpimesh.unhandled_fault_hook that records failures (so the script keeps running)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.failures = []
+
+    def __call__(self, failure):
+        with self.cond:
+            self.failures.append((time.monotonic(), failure))
+            self.cond.notify_all()
+
+    def of(self, name, count=1, timeout=0.0):
+        with self.cond:
+            self.cond.wait_for(lambda: sum(f.mesh_name == name for _, f in self.failures) >= count, timeout)
+            return [(t, f) for t, f in self.failures if f.mesh_name == name]
+
+
+def emit(**row):
+    print("ROW " + json.dumps(row), flush=True)
+
+
+def outcome(fn):
+    start = time.monotonic()
+    try:
+        value = fn()
+    except BaseException as exc:
+        row = {"type": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start,
+               "at": time.monotonic()}
+        if isinstance(exc, ActorError):
+            row.update(inner=type(exc.exception).__name__, error_host=exc.host)
+        return row
+    if not isinstance(value, (int, str, list, type(None))):
+        value = repr(value)
+    return {"type": None, "value": value, "seconds": time.monotonic() - start, "at": time.monotonic()}
+
+
+def failures_row(hook, name, since, count, timeout):
+    found = hook.of(name, count, timeout)
+    return {"failures": [{"mesh": f.mesh_name, "ranks": f.crashed_ranks, "report": f.report(),
+                          "seconds": t - since} for t, f in found]}
+'''
