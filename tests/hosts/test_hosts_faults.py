@@ -33,6 +33,14 @@ pytestmark = pytest.mark.subprocess
 FAULTS = ("exception", "exit0", "exit1", "sigkill", "sigsegv", "hang", "host")
 DEATHS = ("exit0", "exit1", "sigkill", "sigsegv", "host")
 
+#: A whole host lost cannot be survived under mpiexec: when a node's daemon
+#: dies, PRRTE 3.0.14 ends the whole job (errmgr_dvm.c, proc_errors) and
+#: prterun exits 0, before mpimesh can report (docs/design/hosts.md).  Issue
+#: #13 item 4 stays open; strict, so that a fix turns these red.
+HOST_LOST = pytest.mark.xfail(strict=True, reason="PRRTE 3.0.14 ends the whole job when a node's daemon dies "
+                              "(errmgr_dvm.c proc_errors; prterun exits 0): issue #13 item 4")
+CASES = [pytest.param(f, marks=HOST_LOST) if f == "host" else f for f in FAULTS]
+
 #: Seconds from the fault to the SupervisionError at the caller (issue #13).
 BOUND = {"sigkill": 0.1}
 DETECT_BOUND = 2.0
@@ -103,7 +111,7 @@ def died_re(row: dict[str, Any]) -> str:
     return rf"process 0\.{row['rank'] + 1} \(pid {row['pid']}\) on {re.escape(row['host'])} died: .+"
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", CASES)
 def test_caller_sees_the_fault(fault: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The call to the faulting worker on the other host ends as documented, within its bound.
 
@@ -147,7 +155,7 @@ def test_caller_sees_the_fault(fault: str, tmp_path_factory: pytest.TempPathFact
             assert later["seconds"] < AT_ONCE, job.describe()
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", CASES)
 def test_owner_hears_once_per_death(fault: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The fault hook gets one MeshFailure per dead process, naming its host; none for exception or hang."""
     names = hosts(2)
@@ -164,7 +172,7 @@ def test_owner_hears_once_per_death(fault: str, tmp_path_factory: pytest.TempPat
         assert ranks == [], job.describe()
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", CASES)
 def test_survivors_go_on_and_spawn_works(fault: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """After the fault, the other workers on both hosts answer, fresh processes can be spawned and
     answer, and the job ends by itself with status 0, promptly, leaving no process on any host."""
