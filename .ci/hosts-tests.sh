@@ -29,6 +29,7 @@
 #   HOSTS_TESTS_KEEP=1    leave the hosts up at the end
 #   HOSTS_TESTS_TIMEOUT   seconds per step (default 900)
 #   VENV                  the Open MPI virtualenv (default <repo>/.venv)
+#   HOSTS_TESTS_JUNIT     path prefix: each pytest step writes PREFIX-<step>.xml
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -122,6 +123,10 @@ step() {
 # shellcheck disable=SC2086  # FLAGS are words
 step check bash "$HERE/multihost.sh" check
 # shellcheck disable=SC2086
+junit() { [ -n "${HOSTS_TESTS_JUNIT:-}" ] && echo "--junitxml=$HOSTS_TESTS_JUNIT-$1.xml"; }
+# shellcheck disable=SC2086,SC2046
 step mesh "$VENV/bin/mpiexec" $FLAGS --host mh1:2,mh2:2 -n 4 "$PY" -m mpimesh \
-  -m pytest --with-mpi -m mesh -q tests
-step hosts env MPIMESH_TEST_HOSTS=mh1,mh2 MPIMESH_TEST_HOSTS_REQUIRED=1 "$PY" -m pytest -q -m subprocess tests/hosts
+  -m pytest --with-mpi -m mesh -q --color=no $(junit mesh) tests
+# shellcheck disable=SC2046
+step hosts env MPIMESH_TEST_HOSTS=mh1,mh2 MPIMESH_TEST_HOSTS_REQUIRED=1 "$PY" -m pytest -q --color=no $(junit hosts) \
+  -m subprocess tests/hosts
