@@ -28,17 +28,15 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import mpitest
 import pytest
-from mpitest import ROOT, base_env, leftovers, mpiexec_cmd, python_cmd
+from mpitest import EXIT_BOUND, Job, mpiexec_cmd, python_cmd
 
 pytestmark = pytest.mark.subprocess
 
@@ -48,10 +46,6 @@ CRASHES = ("exit0", "exit1", "sigkill", "sigsegv")
 FAULTS = ("exception", *CRASHES, "hang", "unpicklable_result", "unpicklable_exception",
           "controller_exception", "ctrl_c")
 
-#: Seconds the job may take to end after its script printed END.  Workers
-#: stuck in an endpoint are ended through MPIMESH_SHUTDOWN_TIMEOUT=2 and
-#: MPIMESH_CLEANUP_TIMEOUT=1 (spawned: about one cleanup timeout per island).
-EXIT_BOUND = 12.0
 #: Seconds from sending a fatal call to the SupervisionError at the caller.
 DETECT_BOUND = 2.0
 #: The same for SIGKILL of a launch-pool worker (B7 asks 0.1 s; this leaves room for a loaded box).
@@ -81,120 +75,11 @@ BUG_STOPPED_NOT_KILLED = (
 # running one job
 
 
-@dataclass
-class Job:
-    """What a bounded job left behind."""
-
-    cmd: list[str]
-    returncode: int | None
-    stdout: str
-    stderr: str
-    seconds: float
-    #: seconds from the END line to the end of the job (None: no END line)
-    after_end: float | None
-    #: why the job was killed, or "" if it ended on its own
-    hung: str
-    orphans: list[str]
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def ended(self) -> bool:
-        """The script reached its END line."""
-        return self.after_end is not None
-
-    def describe(self) -> str:
-        return (f"{' '.join(self.cmd)}\nstatus {self.returncode} after {self.seconds:.1f} s {self.hung}\n"
-                f"stdout:\n{self.stdout[-4000:]}\nstderr:\n{self.stderr[-4000:]}")
-
-
 def run_job(cmd: list[str], *, timeout: float = 90.0, env: dict[str, str] | None = None,
-            on_line: Callable[[str, subprocess.Popen[str]], None] | None = None, end: str = "END") -> Job:
-    """Run ``cmd`` in a session of its own, bounded; collect ROW lines; find orphans.
-
-    The job is killed (with every process of its tag) when it runs past
-    ``timeout`` or past ``EXIT_BOUND`` seconds after printing a line that
-    starts with ``end`` (the script's last line).
-    ``on_line(line, proc)`` sees every stdout line as it arrives.
-    """
-    tag = f"mpimesh-test-{uuid.uuid4().hex}"
-    full_env = base_env(MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1", **ENV)
-    full_env.pop("MPIMESH_TEST_EXPECT_NPROCS", None)
-    if env:
-        full_env.update(env)
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                            cwd=str(ROOT), start_new_session=True)
-    out: list[str] = []
-    err: list[str] = []
-    end_at: list[float] = []
-
-    def read_out() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.append(line)
-            if line.startswith(end) and not end_at:
-                end_at.append(time.monotonic())
-            if on_line is not None:
-                on_line(line, proc)
-
-    def read_err() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            err.append(line)
-
-    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
-    for reader in readers:
-        reader.start()
-    hung = ""
-    while proc.poll() is None:
-        now = time.monotonic()
-        if now - start > timeout:
-            hung = f"(killed: still running after {timeout:g} s)"
-        elif end_at and now - end_at[0] > EXIT_BOUND:
-            hung = f"(killed: still running {EXIT_BOUND:g} s after END)"
-        if hung:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            break
-        try:
-            proc.wait(0.05)
-        except subprocess.TimeoutExpired:
-            pass
-    proc.wait()
-    seconds = time.monotonic() - start
-    after_end = (seconds + start - end_at[0]) if end_at else None
-    if hung:
-        orphans = leftovers(tag)
-        for line in orphans:
-            _kill(line)
-    else:
-        deadline = time.monotonic() + 5.0
-        orphans = leftovers(tag)
-        while orphans and time.monotonic() < deadline:
-            time.sleep(0.05)
-            orphans = leftovers(tag)
-        for line in orphans:
-            _kill(line)
-    for reader in readers:
-        reader.join(5.0)
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()
-    proc.stderr.close()
-    job = Job(cmd, None if hung else proc.returncode, "".join(out), "".join(err), seconds, after_end, hung, orphans)
-    for line in job.stdout.splitlines():
-        if line.startswith("ROW "):
-            row = json.loads(line[4:])
-            job.rows[row["adverb"]] = row
-    return job
-
-
-def _kill(line: str) -> None:
-    try:
-        os.kill(int(line.split(":")[0]), signal.SIGKILL)
-    except (ProcessLookupError, ValueError):
-        pass
+            on_line: Callable[[str, Job], None] | None = None, end: str = "END") -> Job:
+    """:func:`mpitest.run_job` with the fault tests' bounds (:data:`ENV`) in the job's environment."""
+    return mpitest.run_job(cmd, timeout=timeout, env={**ENV, **(env or {})}, on_line=on_line, end=end,
+                           exit_bound=EXIT_BOUND)
 
 
 @cache
@@ -1047,10 +932,10 @@ def test_ctrl_c_at_the_terminal(launch: str, tmp_path: Path) -> None:
     path.write_text(CTRL_C)
     sent: list[float] = []
 
-    def interrupt(line: str, proc: subprocess.Popen[str]) -> None:
+    def interrupt(line: str, job: Job) -> None:
         if line.strip() == "END" and not sent:
             sent.append(time.monotonic())
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(job.pid, signal.SIGINT)
 
     job = run_job(job_cmd(launch, path), timeout=60, on_line=interrupt)
     assert sent, job.describe()
