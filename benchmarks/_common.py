@@ -198,3 +198,17 @@ def standalone_bulk(kind: str, reps: int) -> dict[str, Any] | None:
     if proc.returncode != 0 or not lines:
         return {"error": f"status {proc.returncode}: {proc.stderr[-500:]}"}
     return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
+def worker_host() -> Any:
+    """Where a benchmark's actors go: the job's last host (a ``HostMesh`` with no dimension).
+
+    On one host that is this host, whose launch-pool ranks serve first (rank
+    1 is the raw baselines' peer).  In ``bench_hosts.py``'s layouts
+    (``--host mh1:1,mh2:K``: the controller alone on mh1) it is mh2, where
+    every worker runs, so the actor is on the other host.
+    """
+    from mpimesh import host_mesh
+
+    hosts = host_mesh()
+    return hosts.slice(hosts=len(hosts) - 1)

@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 
 from _actors import Bench, describe_job, raw_fanout, raw_standalone, time_calls
-from _common import SPAWNED_BASELINE, emit, median, r, ratio, summary_us, watchdog
-
-from mpimesh import this_host
+from _common import SPAWNED_BASELINE, emit, median, r, ratio, summary_us, watchdog, worker_host
 
 
 def main() -> None:
@@ -32,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     watchdog()
 
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    procs = worker_host().spawn_procs(per_host={"gpus": 1})
     mesh = procs.spawn("b1", Bench)
     mesh.initialized.get(60)
     one = mesh.slice(gpus=0)

@@ -21,9 +21,7 @@ import argparse
 import time
 
 from _actors import Bench, describe_job, raw_pipelined, raw_standalone
-from _common import SPAWNED_BASELINE, emit, median, ratio, watchdog
-
-from mpimesh import this_host
+from _common import SPAWNED_BASELINE, emit, median, ratio, watchdog, worker_host
 
 
 def batch(one, n: int) -> float:
@@ -44,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     watchdog()
 
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    procs = worker_host().spawn_procs(per_host={"gpus": 1})
     mesh = procs.spawn("b3", Bench)
     mesh.initialized.get(60)
     one = mesh.slice(gpus=0)

@@ -31,10 +31,10 @@ from typing import Any
 import _bulk
 import torch
 from _actors import describe_job
-from _common import emit, gbps, median, r, standalone_bulk, watchdog
+from _common import emit, gbps, median, r, standalone_bulk, watchdog, worker_host
 from mpi4py import MPI
 
-from mpimesh import Actor, RDMABuffer, endpoint, rma, this_host
+from mpimesh import Actor, RDMABuffer, endpoint, rma
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     watchdog()
 
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    procs = worker_host().spawn_procs(per_host={"gpus": 1})
     mesh = procs.spawn("b6", Owner)
     mesh.initialized.get(60)
     owner = mesh.slice(gpus=0)

@@ -53,7 +53,7 @@ import threading
 import time
 from typing import Any
 
-from _common import emit, kill_session, launch_env, median, percentile, r
+from _common import emit, kill_session, launch_env, median, percentile, r, worker_host
 
 from mpimesh import Actor, endpoint
 
@@ -90,7 +90,7 @@ def child(how: str, rounds: int, cap: float) -> None:
     from mpi4py import MPI
 
     import mpimesh
-    from mpimesh import SupervisionError, this_host
+    from mpimesh import SupervisionError
 
     failures: list[Any] = []
     mpimesh.unhandled_fault_hook = failures.append  # keep running: we handle deaths here
@@ -99,7 +99,7 @@ def child(how: str, rounds: int, cap: float) -> None:
         row: dict[str, Any] = {"round": i}
         t_r = time.monotonic()
         try:
-            procs = this_host().spawn_procs(per_host={"gpus": 1})
+            procs = worker_host().spawn_procs(per_host={"gpus": 1})
             mesh = procs.spawn("victim", Victim)
             pid = mesh.pid.call_one().get(cap)
         except Exception as exc:  # no fresh process: nothing more to measure in this job

@@ -72,7 +72,7 @@ def job_first(calls: int) -> None:
     import torch
     from mpi4py import MPI
 
-    from mpimesh import Actor, endpoint, this_host
+    from mpimesh import Actor, endpoint, host_mesh
 
     class Sink(Actor):
         @endpoint
@@ -89,7 +89,7 @@ def job_first(calls: int) -> None:
 
     x = torch.randn(NB // 4)
     t0 = time.perf_counter()
-    mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("sink", Sink)
+    mesh = host_mesh().slice(hosts=1).spawn_procs(per_host={"gpus": 1}).spawn("sink", Sink)
     mesh.initialized.get(60)
     init_s = time.perf_counter() - t0
     one = mesh.slice(gpus=0)
@@ -117,7 +117,7 @@ def job_rdma(reads: int) -> None:
     import torch
     from mpi4py import MPI
 
-    from mpimesh import Actor, RDMABuffer, endpoint, this_host
+    from mpimesh import Actor, RDMABuffer, endpoint, host_mesh
 
     class Owner(Actor):
         def __init__(self) -> None:
@@ -136,7 +136,7 @@ def job_rdma(reads: int) -> None:
         def raw_peer(self, nbytes: int, reps: int) -> int:
             return _bulk.sendrecv_peer(MPI.COMM_WORLD, nbytes, reps)
 
-    mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("owner", Owner)
+    mesh = host_mesh().slice(hosts=1).spawn_procs(per_host={"gpus": 1}).spawn("owner", Owner)
     one = mesh.slice(gpus=0)
     host, rank = one.where.call_one().get(60)
     handle = one.handle.call_one().get(60)
@@ -161,7 +161,7 @@ def job_hostloss() -> None:
     from mpi4py import MPI
 
     import mpimesh
-    from mpimesh import Actor, endpoint, this_host
+    from mpimesh import Actor, endpoint, host_mesh
 
     class Sleeper(Actor):
         @endpoint
@@ -174,7 +174,7 @@ def job_hostloss() -> None:
 
     failures: list[Any] = []
     mpimesh.unhandled_fault_hook = failures.append
-    mesh = this_host().spawn_procs(per_host={"gpus": 2}).spawn("victims", Sleeper)
+    mesh = host_mesh().slice(hosts=1).spawn_procs(per_host={"gpus": 2}).spawn("victims", Sleeper)
     hosts = mesh.where.call().get(60).values()
     futures = [mesh.slice(gpus=i).block.call_one() for i in range(2)]
     print("KILLHOST " + json.dumps({"hosts": hosts, "t": time.clock_gettime(time.CLOCK_MONOTONIC)}), flush=True)

@@ -28,6 +28,7 @@ from .errors import SupervisionError as SupervisionError
 from .future import Future as Future
 from .proc_mesh import HostMesh as HostMesh
 from .proc_mesh import ProcMesh as ProcMesh
+from .proc_mesh import host_mesh as host_mesh
 from .proc_mesh import this_host as this_host
 from .proc_mesh import this_proc as this_proc
 from .rma import RDMAAction as RDMAAction
@@ -68,6 +69,7 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "host_mesh",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

@@ -191,7 +191,8 @@ class ActorMesh(MeshTrait, Generic[T]):
                 "methods": self._methods}
 
     def __repr__(self) -> str:
-        return f"ActorMesh({self._name!r}, {self._class_name}, {self._sizes_repr()})"
+        sizes = self._sizes_repr()
+        return f"ActorMesh({self._name!r}, {self._class_name}{', ' if sizes else ''}{sizes})"
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):

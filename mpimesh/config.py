@@ -68,6 +68,11 @@ class Config:
             ``auto`` (the native part when it was built for the loaded MPI,
             else mpi4py), ``native`` (fail at start-up if it cannot) or
             ``mpi4py``.
+        spawns_across_hosts: How often a job whose ranks span several
+            hosts may call ``MPI_Comm_spawn`` (``MPIMESH_SPAWNS_ACROSS_HOSTS``):
+            ``auto`` (once under Open MPI, whose 5.0 series fails or hangs
+            a later spawn across nodes, open-mpi/ompi#12601; always under
+            other MPIs) or ``always``.
     """
 
     spin_us: float = 2000.0
@@ -87,6 +92,7 @@ class Config:
     rma_windows: str = "auto"
     pmix_exit_status: bool = False
     wire: str = "auto"
+    spawns_across_hosts: str = "auto"
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -137,6 +143,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         rma_windows=_choice(env, "MPIMESH_RMA_WINDOWS", ("auto", "always", "never")),
         pmix_exit_status=(_get(env, "MPIMESH_PMIX_EXIT_STATUS") or "0") not in ("", "0", "false", "no"),
         wire=_choice(env, "MPIMESH_WIRE", ("auto", "native", "mpi4py")),
+        spawns_across_hosts=_choice(env, "MPIMESH_SPAWNS_ACROSS_HOSTS", ("auto", "always")),
     )
 
 

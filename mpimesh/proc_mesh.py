@@ -15,7 +15,7 @@ from .actor_mesh import ActorMesh
 from .future import Future
 from .shape import MeshTrait, Shape
 
-__all__ = ["HostMesh", "ProcMesh", "this_host", "this_proc"]
+__all__ = ["HostMesh", "ProcMesh", "host_mesh", "this_host", "this_proc"]
 
 T = TypeVar("T")
 Addr = tuple[int, int]
@@ -61,8 +61,8 @@ class ProcMesh(MeshTrait):
 
     @property
     def host_mesh(self) -> HostMesh:
-        """The host mesh these processes run on."""
-        hosts = tuple(sorted(set(self._hosts)))
+        """The hosts these processes run on, in the order of their first process (dimension ``hosts``)."""
+        hosts = tuple(dict.fromkeys(self._hosts[i] for i in self._shape.ranks()))
         return HostMesh(Shape.row_major(("hosts",), (len(hosts),)), hosts)
 
     def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> T:
@@ -164,7 +164,11 @@ class _Bootstrap(Actor):
 
 
 class HostMesh(MeshTrait):
-    """Hosts that can run processes; ``this_host()`` is the controller's."""
+    """Hosts that can run processes: :func:`this_host` (the caller's) or :func:`host_mesh` (the job's).
+
+    A host mesh slices like any mesh (``host_mesh().slice(hosts=0)``);
+    :meth:`spawn_procs` starts processes on each of its hosts.
+    """
 
     def __init__(self, shape: Shape, hosts: tuple[str, ...]) -> None:
         self._shape = shape
@@ -173,8 +177,18 @@ class HostMesh(MeshTrait):
     def _new_with_shape(self, shape: Shape) -> HostMesh:
         return HostMesh(shape, self._hosts)
 
+    @property
+    def hostnames(self) -> list[str]:
+        """The host names of this mesh, in its order (as MPI's processor name gives them)."""
+        return [self._hosts[i] for i in self._shape.ranks()]
+
     def __repr__(self) -> str:
+        if not self._shape.labels:
+            return f"HostMesh({self.hostnames[0]!r})"
         return f"HostMesh({self._sizes_repr()})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HostMesh, (self._shape, self._hosts))
 
     def spawn_procs(
         self,
@@ -184,16 +198,21 @@ class HostMesh(MeshTrait):
         proc_bind: Any = None,
         bootstrap_command: Any = None,
     ) -> ProcMesh:
-        """Start worker processes: ``per_host`` of them on every host of this mesh.
+        """Start ``per_host`` worker processes on every host of this mesh; blocks until they are ready.
 
-        The processes come from the launch pool (ranks 1..N-1 of ``mpirun -n N``)
-        while it has room, otherwise from ``MPI_Comm_spawn``.  Blocks until they
-        are ready.  The mesh's dimensions are the host dimensions followed by
-        those of ``per_host``: ``spawn_procs(per_host={"gpus": 4})`` gives
-        ``hosts=1, gpus=4``.
+        On each host, the launch pool's free ranks of that host are used
+        first (ranks 1..N-1 of ``mpirun -n N``, in rank order), then new
+        processes are spawned on that very host (``MPI_Comm_spawn`` with the
+        ``host`` info key).  The mesh's dimensions are this mesh's followed
+        by those of ``per_host``: ``this_host().spawn_procs(per_host={"gpus":
+        4})`` has sizes ``gpus=4``, ``host_mesh().spawn_procs(per_host={"gpus":
+        4})`` has ``hosts=H, gpus=4`` with each ``gpus`` row on its own host,
+        so ``current_rank()["gpus"]`` is the process's index on its host
+        (e.g. for ``torch.cuda.set_device``).
 
         Args:
-            per_host: dimension name -> size, e.g. ``{"gpus": 8}``.
+            per_host: dimension name -> size, e.g. ``{"gpus": 8}``; none: one
+                process per host.
             bootstrap: a callable run on every new process before any actor.
             name: accepted for Monarch compatibility.
             proc_bind: not supported: bind with the launcher instead.
@@ -202,6 +221,7 @@ class HostMesh(MeshTrait):
         Raises:
             TypeError, ValueError: ``per_host`` is malformed.
             NotImplementedError: ``proc_bind`` or ``bootstrap_command`` was given.
+            RuntimeError: the pool has no room on a host and MPI could not spawn there.
         """
         if proc_bind is not None:
             raise NotImplementedError(
@@ -229,7 +249,7 @@ class HostMesh(MeshTrait):
                 raise ValueError(
                     f"per_host dimension {label!r} clashes with a dimension of {self!r}; choose another name"
                 )
-        key, addrs, hosts = _calls.allocate_procs(len(self) * math.prod(dims.values()))
+        key, addrs, hosts = _calls.allocate_procs(math.prod(dims.values()), self.hostnames)
         shape = Shape.row_major(self._shape.labels + tuple(dims), self._shape.sizes + tuple(dims.values()))
         procs = ProcMesh(shape, tuple(addrs), tuple(hosts), key=key, owned=True)
         if bootstrap is not None:
@@ -242,12 +262,27 @@ class HostMesh(MeshTrait):
 
 
 def this_host() -> HostMesh:
-    """The host mesh of the calling process (one host, dimension ``hosts``).
+    """The host of the calling process, as a host mesh with no dimensions (as in Monarch).
 
-    Its ``spawn_procs`` draws from the launch pool first, wherever those
-    ranks run, then spawns on this host.
+    ``this_host().spawn_procs(per_host={"gpus": 4})`` starts 4 processes on
+    this host (launch-pool ranks of this host first, then spawned), with
+    sizes ``gpus=4``.  For processes on every host of the job use
+    :func:`host_mesh`.
     """
-    return HostMesh(Shape.row_major(("hosts",), (1,)), (_calls.here().host,))
+    return HostMesh(Shape.unity(), (_calls.here().host,))
+
+
+def host_mesh() -> HostMesh:
+    """The job's hosts as a mesh with one dimension, ``hosts``, in launch order.
+
+    The hosts are the nodes the job's ranks run on (``mpirun --host``,
+    ``--hostfile``, a SLURM allocation), grouped by MPI's processor name; the
+    controller's host comes first, then each host of the launch pool in
+    rank order.  Monarch gets such a mesh from its job API (e.g.
+    ``SlurmJob(...).state().hosts``).
+    """
+    hosts = tuple(_calls.job_hosts())
+    return HostMesh(Shape.row_major(("hosts",), (len(hosts),)), hosts)
 
 
 def this_proc() -> ProcMesh:

@@ -52,7 +52,7 @@ mpi_runs .venv "Open MPI 5"
 # alone until its teardown hang is fixed (docs/design/hosts.md).
 if [ "${MPIMESH_TEST_MULTIHOST:-1}" != 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "== Open MPI 5 across 2 simulated hosts: mpiexec --host mh1:2,mh2:2 -n 4 python -m mpimesh -m pytest -m mesh"
+    echo "== Open MPI 5 across 2 simulated hosts: mpiexec --host mh1:4,mh2:2 -n 6 python -m mpimesh -m pytest -m mesh"
     HOSTS_TESTS_ONLY=mesh HOSTS_TESTS_JUNIT="$reports/hosts" timeout 900 bash .ci/hosts-tests.sh
   else
     echo "== across hosts: SKIPPED: simulated hosts need root (network namespaces); as root: bash .ci/hosts-tests.sh"

@@ -42,7 +42,7 @@ from .protocol import Frame, Key
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-__all__ = ["Here", "MeshRef", "allocate_procs", "here", "open_channel", "release_procs"]
+__all__ = ["Here", "MeshRef", "allocate_procs", "here", "job_hosts", "open_channel", "release_procs"]
 
 Addr = tuple[int, int]
 #: A message point as it travels: ``(rank, labels, sizes)`` in the mesh the caller addressed.
@@ -310,15 +310,21 @@ class MeshRef:
 # --- processes and channels -----------------------------------------------------------------------
 
 
-def allocate_procs(n: int) -> tuple[Key, list[Addr], list[str]]:
-    """Take ``n`` worker processes for a new process mesh (blocks until they are ready).
+def allocate_procs(per_host: int, hosts: list[str]) -> tuple[Key, list[Addr], list[str]]:
+    """Take ``per_host`` worker processes on each of ``hosts`` for a new process mesh (blocks until ready).
 
     Returns:
-        The new process mesh's key, and the processes' addresses and hosts.
+        The new process mesh's key, and the processes' addresses and hosts,
+        host by host.
     """
     rt = _current.current()
-    placed = rt.role.allocate(n)
+    placed = rt.role.allocate(per_host, hosts)
     return rt.new_id(), [a for a, _ in placed], [h for _, h in placed]
+
+
+def job_hosts() -> list[str]:
+    """The job's hosts in launch order (the controller's first)."""
+    return _current.current().role.job_hosts()
 
 
 def release_procs(addrs: list[Addr], reason: str) -> Future[None]:

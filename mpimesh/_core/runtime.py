@@ -68,8 +68,12 @@ class Role(_failures.Role, Protocol):
     the controller.
     """
 
-    def allocate(self, n: int) -> list[tuple[Addr, str]]:
-        """``n`` worker processes for a new mesh, as ``(addr, host)`` (blocking)."""
+    def allocate(self, per_host: int, hosts: list[str]) -> list[tuple[Addr, str]]:
+        """``per_host`` worker processes on each of ``hosts`` for a new mesh, as ``(addr, host)`` (blocking)."""
+        ...
+
+    def job_hosts(self) -> list[str]:
+        """The job's hosts, in launch order (blocking)."""
         ...
 
     def release(self, addrs: list[Addr], reason: str) -> Future[None]:

@@ -79,6 +79,8 @@ class Controller(BaseRole):
         self.cond = threading.Condition()
         self.procs: dict[Addr, ProcInfo] = {a: ProcInfo(a, h, p) for a, h, p in pool}
         self.free: list[Addr] = [a for a, _, _ in pool]
+        #: the job's hosts in launch order (the controller's first)
+        self.hosts: list[str] = list(dict.fromkeys([runtime.host, *(h for _, h, _ in pool)]))
         self.islands: dict[int, list[Addr]] = {}
         self._next_island = 1
         self._service = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-service")
@@ -123,44 +125,88 @@ class Controller(BaseRole):
 
     # --- allocation -------------------------------------------------------------------------------
 
-    def allocate(self, n: int) -> list[tuple[Addr, str]]:
-        """``n`` worker processes, as ``(addr, host)``: from the launch pool if it has room, else spawned."""
-        return [(p.addr, p.host) for p in self._allocate(n)]
+    def job_hosts(self) -> list[str]:
+        """The job's hosts in launch order: the controller's, then each new one of the pool's ranks."""
+        return list(self.hosts)
 
-    def _allocate(self, n: int) -> list[ProcInfo]:
+    def allocate(self, per_host: int, hosts: list[str]) -> list[tuple[Addr, str]]:
+        """``per_host`` worker processes on each of ``hosts``, host by host, as ``(addr, host)``.
+
+        On each host, the launch pool's free ranks of that host come first
+        (in rank order); the rest are spawned there, all in one
+        ``MPI_Comm_spawn_multiple``.
+        """
+        return [(p.addr, p.host) for p in self._allocate(per_host, hosts)]
+
+    def _allocate(self, per_host: int, hosts: list[str]) -> list[ProcInfo]:
+        rows: list[list[Addr]] = []
+        missing: list[tuple[str, int]] = []
         with self.lock:
             self.free = [a for a in self.free if not self.procs[a].dead]
-            if len(self.free) >= n:
-                take, self.free = self.free[:n], self.free[n:]
+            for host in hosts:
+                take = [a for a in self.free if self.procs[a].host == host][:per_host]
                 for addr in take:
+                    self.free.remove(addr)
                     self.procs[addr].allocated = True
-                return [self.procs[a] for a in take]
-        return self._spawn_island(n)
+                rows.append(take)
+                if len(take) < per_host:
+                    missing.append((host, per_host - len(take)))
+        if missing:
+            try:
+                spawned = self._spawn_island(missing)
+            except BaseException:
+                with self.lock:
+                    for addr in (a for row in rows for a in row):
+                        self.procs[addr].allocated = False
+                        self.free.append(addr)
+                    self.free.sort()
+                raise
+            new = iter(spawned)  # in the order of ``missing``: host by host
+            for row in rows:
+                row.extend(next(new) for _ in range(per_host - len(row)))
+        return [self.procs[a] for row in rows for a in row]
 
-    def _spawn_island(self, n: int) -> list[ProcInfo]:
+    def _spawn_island(self, counts: list[tuple[str, int]]) -> list[Addr]:
+        """Spawn ``count`` workers on each ``host`` of ``counts``, as one new island; their addresses.
+
+        The ``host`` info key places them, but only in a job of several
+        hosts: on one host there is no choice to make, and a singleton's
+        PRRTE may know its node by another name than the processor name.
+        """
         rt = self.rt
+        n = sum(count for _, count in counts)
+        place = len(self.hosts) > 1
+        if place and self._next_island > 1 and not self._respawns_across_hosts():
+            raise RuntimeError(self._spawn_failed(
+                counts, "a second MPI_Comm_spawn is not tried in a job across hosts under Open MPI: it fails or hangs "
+                "there (open-mpi/ompi#12601; MPIMESH_SPAWNS_ACROSS_HOSTS=always tries anyway)"))
         with self.lock:
             island = self._next_island
             self._next_island += 1
-        info = MPI.Info.Create()
-        info.Set("wdir", os.getcwd())
+        infos = []
+        for host, _ in counts:
+            info = MPI.Info.Create()
+            info.Set("wdir", os.getcwd())
+            if place:
+                info.Set("host", host)
+            infos.append(info)
         args = ["-m", "mpimesh", "--worker", "--island", str(island)]
         try:
             with rt.router.exclusive():
-                inter = MPI.COMM_SELF.Spawn(sys.executable, args=args, maxprocs=n, info=info)
+                inter = MPI.COMM_SELF.Spawn_multiple(
+                    [sys.executable] * len(counts), [args] * len(counts), [c for _, c in counts], infos
+                )
         except MPI.Exception as exc:
-            free = len(self.free)
-            raise RuntimeError(
-                f"cannot start {n} worker processes: the launch pool has {free} free and MPI_Comm_spawn failed "
-                f"({exc.Get_error_string()}); launch with more ranks (e.g. `mpirun -n {n + 1 + len(self.procs) - free} "
-                "python -m mpimesh ...`, or more srun tasks: spawning is not possible under srun)"
-            ) from None
+            why = f"MPI_Comm_spawn failed ({exc.Get_error_string()})"
+            raise RuntimeError(self._spawn_failed(counts, why)) from None
         finally:
-            info.Free()
+            for info in infos:
+                info.Free()
+        hosts = [host for host, count in counts for _ in range(count)]
         addrs = [(island, r) for r in range(n)]
         with self.lock:
-            for addr in addrs:
-                self.procs[addr] = ProcInfo(addr, "", 0, hello=False, allocated=True)
+            for addr, host in zip(addrs, hosts, strict=True):
+                self.procs[addr] = ProcInfo(addr, host, 0, hello=False, allocated=True)
             self.islands[island] = addrs
         rt.router.add_island(inter, island)
         for addr in addrs:
@@ -183,7 +229,33 @@ class Controller(BaseRole):
                 f"spawned processes {missing} did not start within {settings.spawn_timeout:g} s; "
                 "check that `python -m mpimesh --worker` runs on this host, or raise MPIMESH_SPAWN_TIMEOUT"
             )
-        return [self.procs[a] for a in addrs]
+        astray = [f"{a[0]}.{a[1]} on {self.procs[a].host} (asked: {h})"
+                  for a, h in zip(addrs, hosts, strict=True) if place and self.procs[a].host != h]
+        if astray:
+            warn(f"MPI_Comm_spawn placed processes on other hosts than asked: {', '.join(astray)}; "
+                 "their mesh coordinates do not match their hosts")
+        return addrs
+
+    def _respawns_across_hosts(self) -> bool:
+        """Whether a job across hosts may spawn more than once (MPIMESH_SPAWNS_ACROSS_HOSTS)."""
+        return settings.spawns_across_hosts == "always" or not library().startswith("Open MPI")
+
+    def _spawn_failed(self, counts: list[tuple[str, int]], why: str) -> str:
+        """Why ``MPI_Comm_spawn`` of ``counts`` failed, and what to launch instead."""
+        n = sum(count for _, count in counts)
+        where = ", ".join(f"{count} on {host}" for host, count in counts)
+        ranks = n + 1 + len(self.procs) - len(self.free)
+        if len(self.hosts) > 1:
+            slots = {h: sum(p.host == h and p.addr[0] == 0 for p in self.procs.values()) + (h == self.rt.host)
+                     for h in self.hosts}
+            for host, count in counts:
+                slots[host] += count
+            fix = (f"launch with enough ranks on each host for the meshes (e.g. `mpirun --host "
+                   f"{','.join(f'{h}:{c}' for h, c in slots.items())}`, `srun --ntasks-per-node=...`)")
+        else:
+            fix = (f"launch with more ranks (e.g. `mpirun -n {ranks} python -m mpimesh ...`, or more srun tasks: "
+                   "spawning is not possible under srun)")
+        return f"cannot start {n} worker processes ({where}): the launch pool has no free rank there and {why}; {fix}"
 
     def _release(self, addrs: list[Addr], reason: str) -> None:
         # Stop every actor on ``addrs`` and give the processes back (blocking, bounded).
@@ -321,7 +393,9 @@ class Controller(BaseRole):
     def _serve_procs(self, op: str, arg: Any, port: tuple[Addr, int]) -> None:
         try:
             if op == "alloc":
-                value: Any = self.allocate(arg)
+                value: Any = self.allocate(*arg)
+            elif op == "hosts":
+                value = self.job_hosts()
             else:
                 self._release(arg[0], arg[1])
                 value = None

@@ -106,12 +106,19 @@ class Worker(BaseRole):
         """Not now: the controller's report, with the cause, usually follows within milliseconds."""
         return False
 
-    def allocate(self, n: int) -> list[tuple[Addr, str]]:
-        """``n`` processes from the controller (blocking)."""
+    def allocate(self, per_host: int, hosts: list[str]) -> list[tuple[Addr, str]]:
+        """``per_host`` processes on each of ``hosts``, from the controller (blocking)."""
         fut = OneReply("spawn_procs", "spawn_procs", CONTROLLER)
-        self._ask("alloc", n, fut)
+        self._ask("alloc", (per_host, hosts), fut)
         placed: list[tuple[Addr, str]] = fut.get()
         return placed
+
+    def job_hosts(self) -> list[str]:
+        """The job's hosts in launch order, from the controller (blocking)."""
+        fut = OneReply("host_mesh", "host_mesh", CONTROLLER)
+        self._ask("hosts", None, fut)
+        hosts: list[str] = fut.get()
+        return hosts
 
     def release(self, addrs: list[Addr], reason: str) -> Future[None]:
         """Ask the controller to stop the actors on ``addrs`` and take the processes back."""

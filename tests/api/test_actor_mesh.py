@@ -181,26 +181,26 @@ def test_call_returns_value_mesh_shaped_like_the_mesh(echo: object) -> None:
     """call() gathers one value per actor, in rank order, shaped like the mesh."""
     vm = echo.rank.call().get(10)  # type: ignore[attr-defined]
     assert isinstance(vm, ValueMesh)
-    assert vm.sizes == {"hosts": 1, "gpus": 2}
+    assert vm.sizes == {"gpus": 2}
     assert vm.values() == [0, 1]
-    assert vm.item(hosts=0, gpus=1) == 1
-    assert [(dict(p), v) for p, v in vm.items()] == [({"hosts": 0, "gpus": 0}, 0), ({"hosts": 0, "gpus": 1}, 1)]
+    assert vm.item(gpus=1) == 1
+    assert [(dict(p), v) for p, v in vm.items()] == [({"gpus": 0}, 0), ({"gpus": 1}, 1)]
     assert len(vm) == 2
 
 
 def test_call_one_on_a_slice_and_message_rank(echo: object) -> None:
     """A slice that drops a dimension changes current_rank, not the actor's own rank."""
     message, size, own = echo.slice(gpus=1).point.call_one().get(10)  # type: ignore[attr-defined]
-    assert message == {"hosts": 0}
-    assert size == {"hosts": 1}
-    assert own == {"hosts": 0, "gpus": 1}
+    assert message == {}
+    assert size == {}
+    assert own == {"gpus": 1}
 
 
 def test_call_one_rejects_many_actors(echo: object) -> None:
     """call_one() on a mesh of two raises before sending anything, naming a slice of exactly one actor."""
     with pytest.raises(
         ValueError,
-        match=r"^call_one\(\) needs a mesh of exactly 1 actor, got 2 in ActorMesh\('echo', Echo, hosts=1, gpus=2\); "
+        match=r"^call_one\(\) needs a mesh of exactly 1 actor, got 2 in ActorMesh\('echo', Echo, gpus=2\); "
         r"slice it to one actor first, e.g. echo.slice\(gpus=0\), or use call\(\)$",
     ):
         echo.rank.call_one()  # type: ignore[attr-defined]
@@ -341,7 +341,7 @@ def test_calls_through_a_registered_site_behave_like_the_first(procs: object) ->
             add.call_one()
         with pytest.raises(TypeError, match=r"^sitepaths.add\(\): too many positional arguments; "):
             add.call_one(1, 2, 3)
-        assert [where.call_one().get(10) for _ in range(3)] == [({"hosts": 0}, "sitepaths")] * 3
+        assert [where.call_one().get(10) for _ in range(3)] == [({}, "sitepaths")] * 3
         for i in range(3):
             with pytest.raises(ActorError) as info:
                 fail.call_one(i).get(10)
@@ -367,7 +367,7 @@ def test_call_sites_of_stopped_explicit_port_and_async_actors(one_proc: object) 
     mesh.stop().get(10)
     with pytest.raises(
         RuntimeError,
-        match=r"^cannot call sitestop.add\(\) after stop\(\) of ActorMesh\('sitestop', SitePaths, hosts=1, gpus=1\); ",
+        match=r"^cannot call sitestop.add\(\) after stop\(\) of ActorMesh\('sitestop', SitePaths, gpus=1\); ",
     ):
         add.call_one(1)
     responder = one_proc.spawn("siteresponder", Responder)  # type: ignore[attr-defined]
@@ -456,13 +456,13 @@ def test_remote_exception_is_actor_error_and_actor_lives(echo: object) -> None:
     err = info.value
     assert isinstance(err.exception, ValueError) and str(err.exception) == "boom"
     assert err.__cause__ is err.exception
-    assert err.rank == 1 and err.coords == {"hosts": 0, "gpus": 1}
+    assert err.rank == 1 and err.coords == {"gpus": 1}
     assert err.host
-    assert err.header.startswith("### rank 1 (hosts=0, gpus=1) on ")
+    assert err.header.startswith("### rank 1 (gpus=1) on ")
     assert "raise ValueError(message)" in err.exception_formatted
     assert isinstance(err.exception.__cause__, mpimesh.RemoteTraceback)
     assert str(err) == f"remote call failed at {err.header[4:]}: ValueError: boom"
-    assert echo.slice(gpus=1).point.call_one().get(10)[2] == {"hosts": 0, "gpus": 1}  # type: ignore[attr-defined]
+    assert echo.slice(gpus=1).point.call_one().get(10)[2] == {"gpus": 1}  # type: ignore[attr-defined]
 
 
 def test_call_raises_the_lowest_failing_rank(echo: object) -> None:
@@ -515,13 +515,13 @@ def test_method_that_is_not_an_endpoint(echo: object) -> None:
     """A plain method is not callable through the mesh, and the error says how to fix it."""
     with pytest.raises(
         AttributeError,
-        match=r"^Echo.helper is not an endpoint, so ActorMesh\('echo', Echo, hosts=1, gpus=2\) cannot call it; "
+        match=r"^Echo.helper is not an endpoint, so ActorMesh\('echo', Echo, gpus=2\) cannot call it; "
         r"decorate it with @endpoint$",
     ):
         _ = echo.helper  # type: ignore[attr-defined]
     with pytest.raises(
         AttributeError,
-        match=r"^ActorMesh\('echo', Echo, hosts=1, gpus=2\) has no endpoint 'nothing'; "
+        match=r"^ActorMesh\('echo', Echo, gpus=2\) has no endpoint 'nothing'; "
         r"its endpoints are \['append', ",
     ):
         _ = echo.nothing  # type: ignore[attr-defined]
@@ -529,7 +529,7 @@ def test_method_that_is_not_an_endpoint(echo: object) -> None:
 
 def test_unknown_dimension_and_out_of_range(echo: object) -> None:
     """Slicing errors name the mesh and the fix."""
-    with pytest.raises(TypeError, match=r"^ActorMesh\('echo', Echo, hosts=1, gpus=2\) has no dimension 'gpu'"):
+    with pytest.raises(TypeError, match=r"^ActorMesh\('echo', Echo, gpus=2\) has no dimension 'gpu'"):
         echo.slice(gpu=0)  # type: ignore[attr-defined]
     with pytest.raises(IndexError, match=r"^index 2 out of range for dimension 'gpus' of size 2 in ActorMesh\('echo'"):
         echo.slice(gpus=2)  # type: ignore[attr-defined]
@@ -642,7 +642,7 @@ def test_stop_runs_cleanup_and_refuses_later_calls(procs: object) -> None:
     assert sorted([receiver.recv().get(10), receiver.recv().get(10)]) == ["cleanup 0 None", "cleanup 1 None"]
     with pytest.raises(
         RuntimeError,
-        match=r"^cannot call cleanup.ping\(\) after stop\(\) of ActorMesh\('cleanup', Cleanup, hosts=1, gpus=2\); "
+        match=r"^cannot call cleanup.ping\(\) after stop\(\) of ActorMesh\('cleanup', Cleanup, gpus=2\); "
         r"spawn a new mesh$",
     ):
         mesh.ping.call()
@@ -651,7 +651,7 @@ def test_stop_runs_cleanup_and_refuses_later_calls(procs: object) -> None:
 
 def test_references_cannot_stop(echo: object) -> None:
     """A slice is a reference: stop() says to use the owned mesh."""
-    with pytest.raises(RuntimeError, match=r"^cannot stop ActorMesh\('echo', Echo, hosts=1\): it is a reference"):
+    with pytest.raises(RuntimeError, match=r"^cannot stop ActorMesh\('echo', Echo\): it is a reference"):
         echo.slice(gpus=0).stop()  # type: ignore[attr-defined]
 
 
@@ -673,7 +673,7 @@ def test_spawn_misuse(one_proc: object) -> None:
     """spawn() rejects non-actors, mixed endpoints and unpicklable arguments at the caller."""
     with pytest.raises(
         TypeError,
-        match=r"^cannot spawn <class 'int'> on ProcMesh\(hosts=1, "
+        match=r"^cannot spawn <class 'int'> on ProcMesh\("
         r"gpus=1\): it is not an Actor subclass; ",
     ):
         one_proc.spawn("x", int)  # type: ignore[attr-defined]

@@ -5,16 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from mpitest import spawning
 
-from mpimesh import Actor, ProcMesh, endpoint, this_host, this_proc
+from mpimesh import Actor, ProcMesh, endpoint, host_mesh, this_host, this_proc
+from mpimesh._core.current import current
 
 pytestmark = pytest.mark.mesh
-
-
-def world_size() -> int:
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_size()
 
 
 class Where(Actor):
@@ -24,32 +20,39 @@ class Where(Actor):
 
 
 def test_spawn_procs_shape() -> None:
-    """Host dimensions come first, then per_host's."""
+    """this_host() has no dimension (as in Monarch): the processes' are per_host's."""
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     try:
         assert isinstance(procs, ProcMesh)
-        assert procs.sizes == {"hosts": 1, "gpus": 2}
+        assert procs.sizes == {"gpus": 2}
         assert len(procs) == 2 and procs.size("gpus") == 2
-        assert repr(procs) == "ProcMesh(hosts=1, gpus=2)"
+        assert repr(procs) == "ProcMesh(gpus=2)"
         flat = procs.flatten("rank")
         assert flat.sizes == {"rank": 2}
-        assert procs.rename(gpus="workers").sizes == {"hosts": 1, "workers": 2}
-        assert procs.split(gpus=("a", "b"), a=2).sizes == {"hosts": 1, "a": 2, "b": 1}
+        assert procs.rename(gpus="workers").sizes == {"workers": 2}
+        assert procs.split(gpus=("a", "b"), a=2).sizes == {"a": 2, "b": 1}
     finally:
         procs.stop().get(30)
 
 
+def free_pool_here() -> int:
+    """Free launch-pool ranks on the controller's host."""
+    rt = current()
+    procs = rt.role.procs.values()  # type: ignore[attr-defined]
+    return sum(p.addr[0] == 0 and p.host == rt.host and not p.allocated and not p.dead for p in procs)
+
+
 def test_pool_first_then_spawn() -> None:
-    """The launch pool serves while it has room; a bigger mesh is spawned."""
-    pool = world_size() - 1
+    """On its host, the launch pool serves first; what it lacks is spawned there, in the same mesh."""
+    pool = free_pool_here()
     if pool:
         procs = this_host().spawn_procs(per_host={"gpus": pool})
         assert {addr[0] for addr in procs._addrs} == {0}
         procs.stop().get(30)
-    procs = this_host().spawn_procs(per_host={"gpus": pool + 1})
+    with spawning():
+        procs = this_host().spawn_procs(per_host={"gpus": pool + 1})
     try:
-        islands = {addr[0] for addr in procs._addrs}
-        assert len(islands) == 1 and 0 not in islands
+        assert [addr[0] == 0 for addr in procs._addrs] == [True] * pool + [False]
         pids = procs.spawn("where", Where).where.call().get(30).values()
         assert len({pid for pid, _ in pids}) == pool + 1
     finally:
@@ -106,10 +109,10 @@ def test_per_host_validation() -> None:
         host.spawn_procs(per_host={3: 1})  # type: ignore[dict-item]
     with pytest.raises(
         ValueError,
-        match=r"^per_host dimension 'hosts' clashes with a dimension of HostMesh\(hosts=1\); "
+        match=r"^per_host dimension 'hosts' clashes with a dimension of HostMesh\(hosts=\d+\); "
         r"choose another name$",
     ):
-        host.spawn_procs(per_host={"hosts": 2})
+        host_mesh().spawn_procs(per_host={"hosts": 2})
     with pytest.raises(NotImplementedError, match=r"^spawn_procs\(proc_bind=...\) is not supported by mpimesh; "):
         host.spawn_procs(per_host={"gpus": 1}, proc_bind=[{"cpus": "0"}])
 
@@ -118,11 +121,11 @@ def test_references_cannot_stop_processes() -> None:
     """A slice of a process mesh cannot stop the processes."""
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     try:
-        with pytest.raises(RuntimeError, match=r"^cannot stop ProcMesh\(hosts=1\): it is a reference"):
+        with pytest.raises(RuntimeError, match=r"^cannot stop ProcMesh\(\): it is a reference"):
             procs.slice(gpus=0).stop()
     finally:
         procs.stop().get(30)
-    with pytest.raises(RuntimeError, match=r"^cannot spawn on ProcMesh\(hosts=1, gpus=2\) after stop\(\); "):
+    with pytest.raises(RuntimeError, match=r"^cannot spawn on ProcMesh\(gpus=2\) after stop\(\); "):
         procs.spawn("late", Where)
 
 

@@ -17,21 +17,16 @@ and ranks through the agent's environment).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
-import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+import mpitest
 import pytest
-from mpitest import ROOT, is_openmpi, leftovers, mpiexec
+from mpitest import EXIT_BOUND, ROOT, Job, is_openmpi, mpiexec
 
 HOSTS_ENV = "MPIMESH_TEST_HOSTS"
 REQUIRED_ENV = "MPIMESH_TEST_HOSTS_REQUIRED"
@@ -51,8 +46,6 @@ ENV = {
     "MPIMESH_SPAWN_TIMEOUT": "30",
 }
 
-#: Seconds the job may take to end after its script printed END.
-EXIT_BOUND = 12.0
 
 
 def _not_up(why: str) -> None:
@@ -114,123 +107,17 @@ def kill_host(host: str) -> list[int]:
     return pids
 
 
-@dataclass
-class Job:
-    """What a bounded job left behind."""
-
-    cmd: list[str]
-    returncode: int | None
-    stdout: str
-    stderr: str
-    seconds: float
-    #: seconds from the END line to the end of the job (None: no END line)
-    after_end: float | None
-    #: why the job was killed, or "" if it ended on its own
-    hung: str
-    orphans: list[str]
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: time.monotonic() of events the harness caused (e.g. "killed")
-    marks: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ended(self) -> bool:
-        """The script reached its END line."""
-        return self.after_end is not None
-
-    def describe(self) -> str:
-        return (f"{' '.join(self.cmd)}\nstatus {self.returncode} after {self.seconds:.1f} s {self.hung}\n"
-                f"orphans: {self.orphans}\nstdout:\n{self.stdout[-6000:]}\nstderr:\n{self.stderr[-6000:]}")
-
-
 def run_job(cmd: list[str], *, timeout: float = 90.0, env: dict[str, str] | None = None,
             on_line: Callable[[str, Job], None] | None = None, end: str = "END", ulfm: bool = True) -> Job:
-    """Run ``cmd`` in a session of its own, bounded; collect ``ROW`` lines; find orphans on every host.
+    """:func:`mpitest.run_job` with the fault tests' bounds, and under ULFM unless ``ulfm`` is false.
 
-    The job is killed (with every process of its tag, on every host) when it
-    runs past ``timeout`` or past ``EXIT_BOUND`` seconds after printing a
-    line that starts with ``end``.  ``on_line(line, job)`` sees each stdout
-    line as it arrives and may note times in ``job.marks``.  ``ulfm``: add
-    :data:`ULFM_RUNTIME` (``mpimesh run`` adds it itself).
+    ``ulfm``: add :data:`ULFM_RUNTIME` (``mpimesh run`` adds it itself).
+    Ranks on the hosts are not in the job's session (the agent starts them
+    through ``ip netns exec``); ``mpitest`` finds them by their tag.
     """
-    tag = f"mpimesh-test-{uuid.uuid4().hex}"
-    full_env = dict(os.environ, MPIMESH_TEST_TAG=tag, PYTHONUNBUFFERED="1", **ENV)
-    for name, value in ULFM_RUNTIME.items():
-        if ulfm:
-            full_env[name] = value
-        else:
-            full_env.pop(name, None)
-    full_env.pop("MPIMESH_TEST_EXPECT_NPROCS", None)
-    if env:
-        full_env.update(env)
-    job = Job(cmd, None, "", "", 0.0, None, "", [])
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=full_env, cwd=str(ROOT), start_new_session=True)
-    out: list[str] = []
-    err: list[str] = []
-    end_at: list[float] = []
-
-    def read_out() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.append(line)
-            if line.startswith(end) and not end_at:
-                end_at.append(time.monotonic())
-            if on_line is not None:
-                on_line(line, job)
-
-    def read_err() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            err.append(line)
-
-    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
-    for reader in readers:
-        reader.start()
-    hung = ""
-    while proc.poll() is None:
-        now = time.monotonic()
-        if now - start > timeout:
-            hung = f"(killed: still running after {timeout:g} s)"
-        elif end_at and now - end_at[0] > EXIT_BOUND:
-            hung = f"(killed: still running {EXIT_BOUND:g} s after END)"
-        if hung:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            break
-        try:
-            proc.wait(0.05)
-        except subprocess.TimeoutExpired:
-            pass
-    proc.wait()
-    seconds = time.monotonic() - start
-    # Ranks on the hosts are not in the job's session (the agent starts them
-    # through `ip netns exec`): find them by their tag.
-    deadline = time.monotonic() + (0.0 if hung else 5.0)
-    orphans = leftovers(tag)
-    while orphans and time.monotonic() < deadline:
-        time.sleep(0.05)
-        orphans = leftovers(tag)
-    for line in orphans:
-        try:
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-    for reader in readers:
-        reader.join(5.0)
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()
-    proc.stderr.close()
-    job.returncode = None if hung else proc.returncode
-    job.stdout, job.stderr, job.seconds, job.hung, job.orphans = "".join(out), "".join(err), seconds, hung, orphans
-    job.after_end = (seconds + start - end_at[0]) if end_at else None
-    for line in job.stdout.splitlines():
-        if line.startswith("ROW "):
-            row = json.loads(line[4:])
-            job.rows[row["adverb"]] = row
-    return job
+    runtime: dict[str, str | None] = {name: value if ulfm else None for name, value in ULFM_RUNTIME.items()}
+    return mpitest.run_job(cmd, timeout=timeout, env={**ENV, **runtime, **(env or {})}, on_line=on_line, end=end,
+                           exit_bound=EXIT_BOUND)
 
 
 def assert_ended(job: Job, code: int = 0) -> None:
@@ -248,7 +135,7 @@ PREAMBLE = r'''
 import ctypes, json, os, signal, sys, threading, time
 import mpimesh
 from mpi4py import MPI
-from mpimesh import Actor, ActorError, SupervisionError, endpoint, this_host
+from mpimesh import Actor, ActorError, SupervisionError, endpoint, host_mesh, this_host
 
 HOST = MPI.Get_processor_name()
 

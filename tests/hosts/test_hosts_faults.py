@@ -50,9 +50,12 @@ AT_ONCE = 0.5
 MATRIX = PREAMBLE + r'''
 fault = sys.argv[1]
 hook = mpimesh.unhandled_fault_hook = Hook()
-procs = this_host().spawn_procs(per_host={"gpus": 3})
-mesh = procs.spawn("w", W)
-where = mesh.where.call().get(30).values()
+# The launch pool, host by host: one worker on this host, two on the other.
+hosts = host_mesh()
+mine = hosts.slice(hosts=0).spawn_procs(per_host={"gpus": 1}).spawn("w", W)
+theirs = hosts.slice(hosts=1).spawn_procs(per_host={"gpus": 2}).spawn("w", W)
+actors = [mine.slice(gpus=0), theirs.slice(gpus=0), theirs.slice(gpus=1)]  # world ranks 1, 2, 3
+where = [a.where.call_one().get(30) for a in actors]
 emit(adverb="where", value=where, host=HOST)
 remote = [i for i, (h, _) in enumerate(where) if h != HOST]
 victims = remote if fault == "host" else remote[:1]
@@ -60,7 +63,7 @@ survivors = [i for i in range(len(where)) if i not in victims]
 wait = 0.5 if fault == "hang" else 10.0
 
 if fault == "host":
-    futures = [mesh.slice(gpus=i).fault.call_one("hang") for i in victims]
+    futures = [actors[i].fault.call_one("hang") for i in victims]
     # The test kills every process of the host when it reads this line.
     print("KILLHOST " + where[victims[0]][0], flush=True)
     for i, fut in zip(victims, futures):
@@ -69,17 +72,22 @@ else:
     i = victims[0]
     since = time.monotonic()
     emit(adverb=f"victim{i}", rank=i, pid=where[i][1], host=where[i][0], since=since,
-         **outcome(lambda: mesh.slice(gpus=i).fault.call_one(fault).get(wait)))
+         **outcome(lambda: actors[i].fault.call_one(fault).get(wait)))
 deaths = len(victims) if fault in ("exit0", "exit1", "sigkill", "sigsegv", "host") else 0
 emit(adverb="hook", **failures_row(hook, "w", 0.0, deaths, 10.0 if deaths else 0.0))
 for i in victims:
-    emit(adverb=f"later{i}", **outcome(lambda: mesh.slice(gpus=i).where.call_one().get(0.5 if fault == "hang" else 10)))
+    emit(adverb=f"later{i}", **outcome(lambda: actors[i].where.call_one().get(0.5 if fault == "hang" else 10)))
 # The survivors must stay healthy, not only for the next few milliseconds:
 # give the launcher time to act on the death (a wait for something not to happen).
 time.sleep(1.0)
 emit(adverb="survivors", want=[where[i] for i in survivors],
-     **outcome(lambda: [mesh.slice(gpus=i).where.call_one().get(10) for i in survivors]))
-fresh = outcome(lambda: this_host().spawn_procs(per_host={"gpus": 2}).spawn("fresh", W).where.call().get(30).values())
+     **outcome(lambda: [actors[i].where.call_one().get(10) for i in survivors]))
+# Fresh processes on this host (the pool has no free rank left: spawned).  Not
+# on both: PRRTE 3.0.14 here sometimes loses a host's daemon during a spawn
+# across both hosts after a fault, and one hangs spawning onto a host whose
+# pool workers all died (docs/design/hosts.md, "Spawning across hosts").
+fresh = outcome(lambda: this_host().spawn_procs(per_host={"gpus": 2}).spawn("fresh", W).where.call()
+                .get(30).values())
 emit(adverb="recover", **fresh)
 print("END", flush=True)
 '''
@@ -133,7 +141,7 @@ def test_caller_sees_the_fault(fault: str, tmp_path_factory: pytest.TempPathFact
             assert row["type"] == "ActorError", job.describe()
             # The header names the actor's own point in its mesh, and its host.
             i = row["rank"]
-            assert re.fullmatch(rf"remote call failed at rank {i} \(hosts=0, gpus={i}\) on {names[1]} in actor 'w': "
+            assert re.fullmatch(rf"remote call failed at rank {i - 1} \(gpus={i - 1}\) on {names[1]} in actor 'w': "
                                 r"ValueError: boom 42", row["message"]), job.describe()
             assert row["seconds"] < DETECT_BOUND, job.describe()
             assert (later["type"], later["value"]) == (None, [row["host"], row["pid"]]), job.describe()
@@ -143,14 +151,14 @@ def test_caller_sees_the_fault(fault: str, tmp_path_factory: pytest.TempPathFact
             assert later["type"] == "TimeoutError", job.describe()
         else:
             assert row["type"] == "SupervisionError", job.describe()
-            assert re.fullmatch(rf"w\.fault\(\) to rank 0 \(hosts=0\) failed: {died_re(row)}", row["message"]), \
+            assert re.fullmatch(rf"w\.fault\(\) to rank 0 failed: {died_re(row)}", row["message"]), \
                 job.describe()
             since = job.marks["killed"] if fault == "host" else row["since"]
             bound = BOUND.get(fault, DETECT_BOUND)
             assert row["at"] - since < bound, f"detected after {row['at'] - since:.3f} s > {bound} s\n" + \
                 job.describe()
             assert later["type"] == "SupervisionError", job.describe()
-            assert re.fullmatch(rf"w\.where\(\) to rank 0 \(hosts=0\) failed: {died_re(row)}", later["message"]), \
+            assert re.fullmatch(rf"w\.where\(\) to rank 0 failed: {died_re(row)}", later["message"]), \
                 job.describe()
             assert later["seconds"] < AT_ONCE, job.describe()
 
@@ -164,7 +172,8 @@ def test_owner_hears_once_per_death(fault: str, tmp_path_factory: pytest.TempPat
     assert hook is not None, job.describe()
     ranks = sorted(r for f in hook["failures"] for r in f["ranks"])
     if fault in DEATHS:
-        victims = sorted(row["rank"] for key, row in job.rows.items() if key.startswith("victim"))
+        # the victims are the other host's workers: ranks 0.. of their own mesh
+        victims = sorted(row["rank"] - 1 for key, row in job.rows.items() if key.startswith("victim"))
         assert ranks == victims, job.describe()
         for failure in hook["failures"]:
             assert f" on {names[1]} died: " in failure["report"], job.describe()

@@ -31,17 +31,20 @@ pytestmark = pytest.mark.subprocess
 
 EXITS = PREAMBLE + r'''
 hook = mpimesh.unhandled_fault_hook = Hook()
-mesh = this_host().spawn_procs(per_host={"gpus": 4}).spawn("w", W)
-where = mesh.where.call().get(30).values()
+hosts = host_mesh()
+mine = hosts.slice(hosts=0).spawn_procs(per_host={"gpus": 1}).spawn("w", W)
+theirs = hosts.slice(hosts=1).spawn_procs(per_host={"gpus": 3}).spawn("w", W)
+actors = [mine.slice(gpus=0)] + [theirs.slice(gpus=j) for j in range(3)]  # world ranks 1..4
+where = [a.where.call_one().get(30) for a in actors]
 remote = [i for i, (h, _) in enumerate(where) if h != HOST]
 emit(adverb="where", value=where, host=HOST)
 # Three workers on the other host exit with status 1: PRRTE used to end the job at the third.
 for i in remote[:3]:
-    emit(adverb=f"exit{i}", **outcome(lambda: mesh.slice(gpus=i).fault.call_one("exit1").get(10)))
+    emit(adverb=f"exit{i}", **outcome(lambda: actors[i].fault.call_one("exit1").get(10)))
 time.sleep(1.0)  # give the launcher time to act on the exits (a wait for something not to happen)
 local = [i for i in range(len(where)) if i not in remote]
-emit(adverb="survivor", **outcome(lambda: mesh.slice(gpus=local[0]).where.call_one().get(10)))
-# No pool worker is left: these are spawned, beyond the slots of --host.
+emit(adverb="survivor", **outcome(lambda: actors[local[0]].where.call_one().get(10)))
+# No pool worker is left: these are spawned on this host, beyond the slots of --host.
 emit(adverb="recover", **outcome(lambda: this_host().spawn_procs(per_host={"gpus": 2}).spawn("fresh", W)
                                  .where.call().get(30).values()))
 print("END", flush=True)
