@@ -4,7 +4,7 @@
 #   1. pure and subprocess tests under plain pytest (examples, entry point, launcher),
 #   2. runtime tests under the real entry point, `mpiexec -n N python -m mpimesh -m pytest`,
 #      for N = 1 (workers spawned), 2 and 4, on the PyPI Open MPI 5 and on MPICH 5,
-#   2b. as root, the runtime tests across 2 simulated hosts (.ci/hosts-tests.sh),
+#   2b. as root, the runtime tests and the fault matrix across 2 simulated hosts (.ci/hosts-tests.sh),
 #   3. the SLURM job templates on a local single-node SLURM (when CI=true or
 #      MPIMESH_TEST_SLURM=1; needs root and apt).
 # Every step is bounded; the script stops at the first failure.
@@ -46,14 +46,13 @@ timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" te
 
 mpi_runs .venv "Open MPI 5"
 
-# Across hosts (issue #13): the mesh suite on 2 simulated hosts x 2 ranks
-# (.ci/multihost.sh: network and hostname namespaces, so root only).  The
-# cross-host fault matrix (tests/hosts) is run by `bash .ci/hosts-tests.sh`
-# alone until its teardown hang is fixed (docs/design/hosts.md).
+# Across hosts (issue #13), on 2 simulated hosts (.ci/multihost.sh: network
+# and hostname namespaces, so root only): the mesh suite, then tests/hosts
+# (the fault matrix across hosts, placement, mpimesh run --host).
 if [ "${MPIMESH_TEST_MULTIHOST:-1}" != 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "== Open MPI 5 across 2 simulated hosts: mpiexec --host mh1:4,mh2:2 -n 6 python -m mpimesh -m pytest -m mesh"
-    HOSTS_TESTS_ONLY=mesh HOSTS_TESTS_JUNIT="$reports/hosts" timeout 900 bash .ci/hosts-tests.sh
+    echo "== Open MPI 5 across 2 simulated hosts: the mesh suite (--host mh1:4,mh2:2 -n 6), then tests/hosts"
+    HOSTS_TESTS_ONLY="mesh hosts" HOSTS_TESTS_JUNIT="$reports/hosts" timeout 900 bash .ci/hosts-tests.sh
   else
     echo "== across hosts: SKIPPED: simulated hosts need root (network namespaces); as root: bash .ci/hosts-tests.sh"
   fi
