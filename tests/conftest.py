@@ -21,7 +21,7 @@ def world_size() -> int:
 
 @pytest.fixture(scope="module")
 def procs() -> Iterator[object]:
-    """A mesh of two worker processes, ``hosts=1, gpus=2``, stopped after the module."""
+    """A mesh of two worker processes, ``gpus=2``, stopped after the module."""
     from mpimesh import this_host
 
     mesh = this_host().spawn_procs(per_host={"gpus": 2})

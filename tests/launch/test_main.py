@@ -75,9 +75,9 @@ mesh.fail.call().get(30)
     assert result.returncode != 0
     # one report: the remote traceback chained under the controller's
     assert result.stderr.count("mpimesh.ActorError: remote call failed") == 1, result.stderr
-    assert result.stderr.count("### rank 0 (hosts=0, gpus=0)") == 1, result.stderr
+    assert result.stderr.count("### rank 0 (gpus=0)") == 1, result.stderr
     assert "ValueError: remote failure 42" in result.stderr
-    assert "### rank 0 (hosts=0, gpus=0) on " in result.stderr
+    assert "### rank 0 (gpus=0) on " in result.stderr
     assert "mpimesh.ActorError: remote call failed at rank 0" in result.stderr
     assert result.seconds < 30
     assert result.orphans == []

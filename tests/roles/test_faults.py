@@ -351,9 +351,9 @@ CAUSES = {
 
 
 def check_actor_error(row: dict[str, Any], adverb: str, text: str) -> None:
-    where = rf"rank 0 \(hosts=0, gpus=0\) on {re.escape(row['host'])} in actor '{adverb}'"
+    where = rf"rank 0 \(gpus=0\) on {re.escape(row['host'])} in actor '{adverb}'"
     assert re.fullmatch(rf"remote call failed at {where}: {text}", row["message"]), row
-    assert (row["rank"], row["coords"], row["host"]) == (0, {"hosts": 0, "gpus": 0}, row["host"]), row
+    assert (row["rank"], row["coords"], row["host"]) == (0, {"gpus": 0}, row["host"]), row
     assert row["cause_is_original"], row
 
 
@@ -393,7 +393,7 @@ def check_cell(fault: str, launch: str, adverb: str, row: dict[str, Any]) -> Non
         head = (rf"actor broadcast\[0\]@\d+\.\d+ on {re.escape(row['host'])}: {raised}\n"
                 r"Traceback \(most recent call last\):\n")
         assert re.match(head, failure["cause"]), row
-        assert failure["report"].startswith("actor mesh 'broadcast' (W): rank 0 (hosts=0, gpus=0) failed:\n  "), row
+        assert failure["report"].startswith("actor mesh 'broadcast' (W): rank 0 (gpus=0) failed:\n  "), row
         assert failure["seconds"] < DETECT_BOUND, row
         assert row["later_type"] == "SupervisionError", row
         assert re.fullmatch(rf"actor broadcast\[0\]@\d+\.\d+ cannot take pid\(\): it failed \({raised}\)",
@@ -407,20 +407,20 @@ def check_cell(fault: str, launch: str, adverb: str, row: dict[str, Any]) -> Non
             assert (row["type"], row["value"]) == (None, None), row
         else:
             assert row["type"] == "SupervisionError", row
-            target = r"stream\.fault\(\)( to rank 0 \(hosts=0, gpus=0\))?" if adverb == "stream" else \
-                rf"{adverb}\.fault\(\) to rank 0 \(hosts=0, gpus=0\)"
+            target = r"stream\.fault\(\)( to rank 0 \(gpus=0\))?" if adverb == "stream" else \
+                rf"{adverb}\.fault\(\) to rank 0 \(gpus=0\)"
             assert re.fullmatch(rf"{target} failed: {died}", row["message"]), row
             assert row["seconds"] < bound, row
         # The owner (here the script: the hook) hears exactly once, with the cause.
         assert len(failures) == 1, row
         failure = failures[0]
         assert (failure["mesh"], failure["ranks"]) == (adverb, [0]), row
-        assert re.fullmatch(rf"actor mesh '{adverb}' \(W\): rank 0 \(hosts=0, gpus=0\) failed:\n  {died}",
+        assert re.fullmatch(rf"actor mesh '{adverb}' \(W\): rank 0 \(gpus=0\) failed:\n  {died}",
                             failure["report"]), row
         assert failure["seconds"] < bound, row
         # Later calls fail at once, without sending; broadcast raises synchronously.
         assert row["later_type"] == "SupervisionError", row
-        assert re.fullmatch(rf"{adverb}\.pid\(\) to rank 0 \(hosts=0, gpus=0\) failed: {died}",
+        assert re.fullmatch(rf"{adverb}\.pid\(\) to rank 0 \(gpus=0\) failed: {died}",
                             row["later_message"]), row
         assert row["later_seconds"] < AT_ONCE, row
         assert row["later_broadcast_type"] == "SupervisionError", row
@@ -497,7 +497,7 @@ def test_stream_failure_names_the_rank(tmp_path_factory: pytest.TempPathFactory)
     """A SupervisionError from stream() names the rank and coordinates, like every other adverb's."""
     needs_ulfm()
     row = matrix_job("sigkill", "spawned", tmp_path_factory).rows["stream"]
-    assert row["message"].startswith("stream.fault() to rank 0 (hosts=0, gpus=0) failed: process "), row
+    assert row["message"].startswith("stream.fault() to rank 0 (gpus=0) failed: process "), row
 
 
 # ---------------------------------------------------------------------------
@@ -532,7 +532,7 @@ def test_default_hook_ends_the_job(launch: str, tmp_path: Path) -> None:
     assert_ended(job, 1, pool_deaths=launch == "pool")
     died = proc_re(launch, job.rows["pid"], CAUSES["sigkill"])
     report = (r"mpimesh: unhandled failure, ending the job:\n"
-              rf"actor mesh 'w' \(W\): rank 0 \(hosts=0, gpus=0\) failed:\n  {died}\n")
+              rf"actor mesh 'w' \(W\): rank 0 \(gpus=0\) failed:\n  {died}\n")
     assert len(re.findall(report, job.stderr)) == 1, job.describe()
     assert "not ended" not in job.stdout
     lost_cause(job.stderr)
@@ -613,9 +613,9 @@ def test_supervise(launch: str, mode: str, tmp_path: Path) -> None:
     assert {"run", "hook", "later", "recover"} <= set(rows), job.describe()
     run_row = rows["run"]
     died = proc_re(launch, run_row, CAUSES["sigkill"])
-    assert re.fullmatch(rf"SupervisionError: child\.fault\(\) to rank 0 \(hosts=0, gpus=0\) failed: {died}",
+    assert re.fullmatch(rf"SupervisionError: child\.fault\(\) to rank 0 \(gpus=0\) failed: {died}",
                         run_row["caught"]), job.describe()
-    child = rf"actor mesh 'child' \(W\): rank 0 \(hosts=0, gpus=0\) failed:\n  {died}"
+    child = rf"actor mesh 'child' \(W\): rank 0 \(gpus=0\) failed:\n  {died}"
     failures = rows["hook"]["failures"]
     if mode == "handled":
         assert failures == [], job.describe()
@@ -684,10 +684,10 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     pids = rows["pids"]["value"]
     assert rows["sites"]["value"] == pids, job.describe()
     died = proc_re(launch, {"pid": pids[1], "host": rows["pids"]["host"]}, CAUSES[fault])
-    rank1 = r"to rank 1 \(hosts=0, gpus=1\) failed: " + died
-    # The slice gpus=1 has one dimension left: its only actor is rank 0 (hosts=0).
+    rank1 = r"to rank 1 \(gpus=1\) failed: " + died
+    # The slice gpus=1 has one dimension left: its only actor is rank 0, with no coordinates.
     kill = rows["kill"]["message"]
-    assert re.fullmatch(rf"pair\.fault\(\) to rank 0 \(hosts=0\) failed: {died}", kill), job.describe()
+    assert re.fullmatch(rf"pair\.fault\(\) to rank 0 failed: {died}", kill), job.describe()
     assert rows["whole_call"]["type"] == "SupervisionError", job.describe()
     assert re.fullmatch(rf"pair\.pid\(\) {rank1}", rows["whole_call"]["message"]), job.describe()
     assert rows["whole_call"]["seconds"] < AT_ONCE, job.describe()
@@ -698,7 +698,7 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     assert re.fullmatch(rf"cannot broadcast pair\.pid\(\): {died}", rows["whole_broadcast"]["message"]), job.describe()
     assert rows["doomed_call_one"]["type"] == "SupervisionError", job.describe()
     assert rows["doomed_call_one"]["seconds"] < AT_ONCE, job.describe()
-    assert re.fullmatch(rf"pair\.pid\(\) to rank 0 \(hosts=0\) failed: {died}", rows["doomed_call_one"]["message"]), \
+    assert re.fullmatch(rf"pair\.pid\(\) to rank 0 failed: {died}", rows["doomed_call_one"]["message"]), \
         job.describe()
     failures = rows["hook"]["failures"]
     assert (rows["healthy_call_one"]["type"], rows["healthy_call_one"]["value"]) == (None, pids[0]), job.describe()
@@ -740,7 +740,7 @@ def test_silent_worker_is_declared_dead(launch: str, tmp_path: Path) -> None:
     died = proc_re(launch, rows["pid"], silent)
     call = rows["call_one"]
     assert call["type"] == "SupervisionError", job.describe()
-    assert re.fullmatch(rf"w\.fault\(\) to rank 0 \(hosts=0, gpus=0\) failed: {died}", call["message"]), job.describe()
+    assert re.fullmatch(rf"w\.fault\(\) to rank 0 \(gpus=0\) failed: {died}", call["message"]), job.describe()
     assert 1.0 <= call["seconds"] < 1.0 + 2 * DETECT_BOUND, job.describe()
     assert [(f["mesh"], f["ranks"]) for f in rows["hook"]["failures"]] == [("w", [0])], job.describe()
     assert rows["later"]["type"] == "SupervisionError" and rows["later"]["seconds"] < AT_ONCE, job.describe()
@@ -788,7 +788,7 @@ def test_job_status_is_the_scripts(mode: str, status: int | None, tmp_path: Path
         row = job.rows.get(f"exit{i}")
         assert row is not None and row["type"] == "SupervisionError", job.describe()
         died = proc_re("pool", row, CAUSES["exit1"])
-        assert re.fullmatch(rf"w{i}\.fault\(\) to rank 0 \(hosts=0, gpus=0\) failed: {died}", row["message"]), \
+        assert re.fullmatch(rf"w{i}\.fault\(\) to rank 0 \(gpus=0\) failed: {died}", row["message"]), \
             job.describe()
         assert row["seconds"] < DETECT_BOUND, job.describe()
     live = job.rows.get("live", {})
