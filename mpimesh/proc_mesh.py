@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
@@ -19,6 +20,12 @@ __all__ = ["HostMesh", "ProcMesh", "host_mesh", "this_host", "this_proc"]
 
 T = TypeVar("T")
 Addr = tuple[int, int]
+
+#: Heavy modules a new actor imports while it is created when its creator has
+#: them loaded: workers never import torch by themselves (their loop stays
+#: light), and importing it at the first tensor argument made that call take
+#: ~1.3 s instead of milliseconds (docs/design/hosts.md, 3.3).
+_PRELOAD = ("torch",)
 
 
 class ProcMesh(MeshTrait):
@@ -94,8 +101,10 @@ class ProcMesh(MeshTrait):
             n for n, m in inspect.getmembers(Class, callable) if not n.startswith("_") and n not in table
         )
         try:
+            # modules pickle by reference: unpickling the body imports them
+            preload = tuple(sys.modules[m] for m in _PRELOAD if m in sys.modules)
             body, buffers = _serialize.dumps(
-                (Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key))
+                (preload, Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key))
             )
         except Exception as exc:
             raise TypeError(

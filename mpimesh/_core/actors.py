@@ -288,7 +288,8 @@ class _Actor:
     def _init(self, item: _Init, pending: list[Any] | None) -> bool:
         token = _context_var.set(Context(self.identity, self.point))
         try:
-            cls, args, kwargs, proc_mesh = _serialize.loads(item.body, item.buffers)
+            # the first item: the creator's heavy modules, imported by now (proc_mesh._PRELOAD)
+            _, cls, args, kwargs, proc_mesh = _serialize.loads(item.body, item.buffers)
             self.identity.class_name = cls.__qualname__
             self.identity.proc_mesh = proc_mesh
             self.instance = cls(*args, **kwargs)
