@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from .._data.registry import registry as _registry
 from ..config import settings
 
 if TYPE_CHECKING:
@@ -324,7 +325,12 @@ class Progress:
                     backoff.reset()
                     continue
                 quiet = now - self._last_traffic
-                pause = backoff.nap(self._deep_sleep if quiet > _DEEP_AFTER else self._max_sleep)
+                # An owner of window memory stays out of the deep naps: Open MPI
+                # serves a one-sided get over TCP only inside the target's own
+                # MPI calls (docs/design/hosts.md, 3.6), so its naps are the
+                # reader's wait.
+                deep = quiet > _DEEP_AFTER and not _registry.attached
+                pause = backoff.nap(self._deep_sleep if deep else self._max_sleep)
             else:
                 pause = self._max_sleep
             pause = min(pause, end - now)

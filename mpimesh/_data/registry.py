@@ -52,6 +52,9 @@ class Registry:
         self.slabs: list[np.ndarray] = []
         self.free: list[tuple[int, int]] = []
         self.entries: dict[int, Entry] = {}
+        #: buffers attached to the island's window: other hosts may read or
+        #: write them one-sidedly at any time (see _core.progress)
+        self.attached = 0
 
     def _slot_address(self, slot: tuple[int, int]) -> int:
         return int(self.slabs[slot[0]].ctypes.data) + 8 * slot[1]
@@ -81,6 +84,7 @@ class Registry:
             attached = window.attach(target, memory.addr)
         with self.lock:
             self.entries[token] = Entry(memory, slot, attached)
+            self.attached += attached
         return self._slot_address(slot), token, attached
 
     def valid(self, token: int) -> Entry | None:
@@ -99,6 +103,7 @@ class Registry:
                 return
             self.slabs[entry.slot[0]][entry.slot[1]] = 0
             self.free.append(entry.slot)
+            self.attached -= entry.attached
         if entry.attached:
             from .windows import window
 
