@@ -21,16 +21,18 @@ launcher's daemon, which reaps the process, and is in the launcher's log.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import select
 import shutil
 import time
+from collections.abc import Iterable
 from typing import IO, Protocol
 
 from .._core import protocol
 from .._core.protocol import Frame
-from .._transport.bell import job_dir
+from .._transport.bell import bell_path, job_dir
 from ..config import settings
 
 __all__ = ["Liveness", "Process", "job_dir", "last_words_path", "start_last_words", "stop_last_words"]
@@ -97,6 +99,23 @@ def stop_last_words(controller_pid: int, addr: Addr) -> None:
         os.unlink(last_words_path(controller_pid, addr))
     except OSError:
         pass
+
+
+def leave_job_dir(controller_pid: int, dead: Iterable[Addr]) -> None:
+    """On a worker leaving normally, after its own files went: remove the dead's, and the directory if empty.
+
+    The controller removes the job directory of its own host at the end;
+    on another host, the last worker to leave does, with the last words and
+    bells of the processes that died there (the controller read those at
+    the death, before anyone heard of it).
+    """
+    folder = job_dir(controller_pid)
+    for addr in dead:
+        for path in (last_words_path(controller_pid, addr), bell_path(controller_pid, addr)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)  # fails while another process of the job still has files here
 
 
 class Liveness:

@@ -29,7 +29,7 @@ from ..future import Future
 from ..supervision import MeshFailure
 from .base import BaseRole
 from .job_status import set_job_exit_status
-from .liveness import stop_last_words
+from .liveness import leave_job_dir, stop_last_words
 
 __all__ = ["Worker", "finish", "run"]
 
@@ -144,6 +144,7 @@ class Worker(BaseRole):
             rt.actors.join_threads(1.0)
         stop_last_words(rt.controller_pid, rt.addr)
         rt.close_bell()
+        leave_job_dir(rt.controller_pid, list(rt.dead))
         drain_all(self.forwarders)
         rt.send(CONTROLLER, protocol.bye(len(stuck)))
         rt.drain_sends(2.0)

@@ -31,6 +31,8 @@ from mpitest import EXIT_BOUND, ROOT, Job, is_openmpi, mpiexec
 HOSTS_ENV = "MPIMESH_TEST_HOSTS"
 REQUIRED_ENV = "MPIMESH_TEST_HOSTS_REQUIRED"
 SCRIPT = ROOT / ".ci" / "multihost.sh"
+#: Each simulated host's TMPDIR is ``HOST_TMP / <host>`` (multihost.sh's TMPROOT).
+HOST_TMP = Path("/tmp/mpimesh-hosts-mh")
 
 #: What ``mpimesh run`` adds under ULFM on Open MPI 5.0.9+ (mpimesh/_launch/cli.py ULFM_RUNTIME).
 ULFM_RUNTIME = {

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import pytest
-from hostlib import PREAMBLE, Job, assert_ended, host_cmd, hosts, kill_host, run_job
+from hostlib import HOST_TMP, PREAMBLE, Job, assert_ended, host_cmd, hosts, kill_host, run_job
 
 pytestmark = pytest.mark.subprocess
 
@@ -56,7 +56,7 @@ mine = hosts.slice(hosts=0).spawn_procs(per_host={"gpus": 1}).spawn("w", W)
 theirs = hosts.slice(hosts=1).spawn_procs(per_host={"gpus": 2}).spawn("w", W)
 actors = [mine.slice(gpus=0), theirs.slice(gpus=0), theirs.slice(gpus=1)]  # world ranks 1, 2, 3
 where = [a.where.call_one().get(30) for a in actors]
-emit(adverb="where", value=where, host=HOST)
+emit(adverb="where", value=where, host=HOST, pid=os.getpid())
 remote = [i for i, (h, _) in enumerate(where) if h != HOST]
 victims = remote if fault == "host" else remote[:1]
 survivors = [i for i in range(len(where)) if i not in victims]
@@ -185,7 +185,7 @@ def test_owner_hears_once_per_death(fault: str, tmp_path_factory: pytest.TempPat
 def test_survivors_go_on_and_spawn_works(fault: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """After the fault, the other workers on both hosts answer, fresh processes can be spawned and
     answer, and the job ends by itself with status 0, promptly, leaving no process on any host."""
-    hosts(2)
+    names = hosts(2)
     job = matrix_job(fault, tmp_path_factory)
     survivors = job.rows.get("survivors")
     assert survivors is not None, job.describe()
@@ -197,6 +197,10 @@ def test_survivors_go_on_and_spawn_works(fault: str, tmp_path_factory: pytest.Te
         lost = job.rows["victim2"]["host"] if "victim2" in job.rows else None
         assert all(host != lost for host, _ in recover["value"]), job.describe()
     assert_ended(job, 0)
+    if fault != "hang":
+        # The other host's job directory (bells, last words, the dead's too) went with its last worker.
+        folder = HOST_TMP / names[1] / f"mpimesh-{job.rows['where']['pid']}"
+        assert not folder.exists(), f"{folder} is left: {sorted(p.name for p in folder.iterdir())}"
 
 
 def test_kill_reaches_every_process_of_the_host(tmp_path_factory: pytest.TempPathFactory) -> None:
