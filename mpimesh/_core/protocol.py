@@ -160,12 +160,16 @@ def stop(key: Key | None, reply_port: PortRef | None, index: int, reason: str) -
     return (_STOP, None, key, reply_port, index, reason)
 
 
-_declare(_SHUTDOWN, "SHUTDOWN", "exit_code", "_roles.worker.Worker.on_shutdown")
+_declare(_SHUTDOWN, "SHUTDOWN", "exit_code deaths", "_roles.worker.Worker.on_shutdown")
 
 
-def shutdown(exit_code: int) -> Frame:
-    """Controller -> worker: stop every actor, say BYE, exit with ``exit_code``."""
-    return (_SHUTDOWN, None, exit_code)
+def shutdown(exit_code: int, deaths: bool) -> Frame:
+    """Controller -> worker: stop every actor, say BYE, exit with ``exit_code``.
+
+    ``deaths``: a process of the job has died, maybe before this worker was
+    spawned (so it skips ``MPI_Finalize``, see ``_roles.worker.finish``).
+    """
+    return (_SHUTDOWN, None, exit_code, deaths)
 
 
 _declare(_BYE, "BYE", "stuck", "_roles.controller.Controller.on_bye")

@@ -319,7 +319,7 @@ class Controller(BaseRole):
         return members
 
     def _send_shutdown(self, addrs: list[Addr], code: int) -> None:
-        frame = protocol.shutdown(code)
+        frame = protocol.shutdown(code, bool(self.rt.dead))
         for addr in addrs:
             try:
                 self.rt.send(addr, frame)

@@ -9,6 +9,7 @@ starts workers (:func:`run`).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -59,6 +60,9 @@ class Worker(BaseRole):
         self.spawned = spawned
         #: a spawned worker has heard the controller's INIT
         self.initialized = not spawned
+        #: the controller said at SHUTDOWN that a process of the job died
+        #: (perhaps before this worker existed: then rt.dead does not know)
+        self.deaths = False
         #: this worker's stdout and stderr, once it serves (``_core.logs``)
         self.forwarders: list[Forwarder] = []
         runtime.every_ms(self._drain_forwarders)
@@ -78,7 +82,8 @@ class Worker(BaseRole):
 
     def on_shutdown(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """SHUTDOWN: stop every actor, say BYE and exit with the status given."""
-        _, _, exit_code = frame
+        _, _, exit_code, deaths = frame
+        self.deaths = self.deaths or deaths
         self.request_stop(exit_code)
 
     def on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
@@ -211,10 +216,14 @@ def finish(code: int, dead: bool) -> int:
     sys.stderr.flush()
     mpich = not library().startswith("Open MPI")
     # MPI_Finalize can spin forever once a process of the job has died
-    # (Open MPI's ULFM): skip it then, and bound it always.
+    # (Open MPI's ULFM): skip it then, and bound it always.  mpi4py's
+    # Finalize holds the GIL, so a Python timer cannot run while it spins:
+    # faulthandler's watchdog, a C thread, ends the process (status 1) if
+    # the timer could not.
     watchdog = threading.Timer(5.0, os._exit, args=(code,))
     watchdog.daemon = True
     watchdog.start()
+    faulthandler.dump_traceback_later(8.0, exit=True)
     if dead and not mpich:
         os._exit(code)
     try:
@@ -241,4 +250,4 @@ def run(boot: Callable[[], Worker]) -> int:
     except BaseException:
         traceback.print_exc()
         code = 1
-    return finish(code, worker is not None and bool(worker.rt.dead))
+    return finish(code, worker is not None and (worker.deaths or bool(worker.rt.dead)))
