@@ -428,6 +428,11 @@ class Controller(BaseRole):
 
     def settle_mpi_report(self, addr: Addr, text: str) -> bool:
         """ULFM's report of ``addr``: settled now unless a pidfd will soon say more."""
+        proc = self.procs.get(addr)
+        if proc is not None and proc.bye:
+            # It said BYE and left: a survivor of an earlier death skips
+            # MPI_Finalize, so ULFM reports its exit, which is no death.
+            return True
         liveness = self.liveness
         if liveness is None or not liveness.watches(addr):
             # another node: heartbeats would take seconds

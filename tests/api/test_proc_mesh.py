@@ -147,3 +147,16 @@ class Parent(Actor):
         pids = [pid for pid, _ in children.spawn("kid", Where).where.call().get(30).values()]
         children.stop().get(30)
         return pids
+
+
+def test_a_process_that_said_bye_is_not_declared_dead_by_mpi() -> None:
+    """ULFM reports the exit of a worker that skipped MPI_Finalize; after its BYE that is no death."""
+    with spawning():
+        procs = this_host().spawn_procs(per_host={"gpus": free_pool_here() + 1})
+    spawned = [a for a in procs._addrs if a[0] != 0]
+    procs.stop().get(30)
+    rt = current()
+    assert all(rt.role.procs[a].bye for a in spawned)  # type: ignore[attr-defined]
+    rt.failures.mpi_failed(spawned, "MPI_ERR_PROC_FAILED: injected by the test")
+    rt.failures.check_reported()
+    assert not any(a in rt.dead for a in spawned)
