@@ -9,8 +9,10 @@ Launch with ``mpirun -n N python -m mpimesh script.py``, or run
 from ._version import __version__ as __version__
 from .actor import Actor as Actor
 from .actor import endpoint as endpoint
+from .actor_mesh import Accumulator as Accumulator
 from .actor_mesh import ActorMesh as ActorMesh
 from .actor_mesh import Endpoint as Endpoint
+from .actor_mesh import send as send
 from .channel import Channel as Channel
 from .channel import Port as Port
 from .channel import PortReceiver as PortReceiver
@@ -41,6 +43,7 @@ from .supervision import unhandled_fault_hook as unhandled_fault_hook
 from .value_mesh import ValueMesh as ValueMesh
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",
@@ -70,6 +73,7 @@ __all__ = [
     "current_size",
     "endpoint",
     "host_mesh",
+    "send",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

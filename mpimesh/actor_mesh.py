@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, NoReturn, TypeVar, overload
+from typing import Any, Generic, Literal, NoReturn, TypeVar, overload
 
 from ._core.calls import MeshRef
-from ._core.ports import Gather, Receiver, Stream
+from ._core.ports import Gather, Port, Receiver, Stream
 from .actor import EndpointInfo
 from .future import Future
 from .shape import MeshTrait, Shape
 from .value_mesh import ValueMesh
 
-__all__ = ["ActorMesh", "Endpoint"]
+__all__ = ["Accumulator", "ActorMesh", "Endpoint", "send"]
 
 R = TypeVar("R")
 T = TypeVar("T")
+A = TypeVar("A")
 Addr = tuple[int, int]
 #: Where the replies of a call to every actor go: made from the actors' addresses (None: nobody waits).
 Replies = Callable[[list[Addr]], Receiver] | None
@@ -151,6 +153,99 @@ class Endpoint(Generic[R]):
             SupervisionError: an actor of the mesh is known to have failed.
         """
         self._send(args, kwargs, None, None)
+
+    def _send_to(self, args: tuple[Any, ...], kwargs: dict[str, Any], port: Port[R] | None,
+                 ranks: list[int] | None) -> None:
+        """Check a call and cast it to ``ranks`` (all: None), every reply to ``port`` (none: nobody hears)."""
+        if self._checks and (kwargs or len(args) not in self._arities):
+            self._check(args, kwargs)
+        mesh = self._mesh
+        if mesh._stopped:
+            mesh._refuse(self._name)
+        reply_to = None if port is None else port._port
+        mesh._ref.cast(self._name, self._what, args, kwargs, None, reply_to=reply_to, ranks=ranks)
+
+
+def send(
+    endpoint: Endpoint[R],
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    port: Port[R] | None = None,
+    selection: Literal["all", "choose"] = "all",
+) -> None:
+    """Call ``endpoint`` on every actor of its mesh, or on one at random; each reply goes to ``port``.
+
+    Monarch's low-level primitive (``monarch.actor.send``): returns at once.
+    With a ``port`` (from :meth:`Channel.open`, here or received from
+    another actor) each actor's result arrives there as one message, and an
+    endpoint's exception arrives as an ``ActorError`` that its ``recv()``
+    raises; a ranked port gets ``(rank, value)``.  Without one nobody hears
+    the replies, as with ``broadcast()``.
+
+    Raises:
+        TypeError: ``endpoint`` is not an endpoint of an actor mesh, ``port``
+            is not a Port, or the arguments do not fit or do not pickle.
+        ValueError: ``selection`` is neither ``"all"`` nor ``"choose"``.
+        SupervisionError: an actor it is sent to is known to have failed.
+    """
+    if not isinstance(endpoint, Endpoint):
+        raise TypeError(f"send() needs an endpoint of an actor mesh, got {endpoint!r}; e.g. send(mesh.step, (1,))")
+    if port is not None and not isinstance(port, Port):
+        raise TypeError(f"send() port must be a Port, got {port!r}; e.g. port, receiver = Channel.open()")
+    if selection not in ("all", "choose"):
+        raise ValueError(f"send() selection must be 'all' or 'choose', got {selection!r}; e.g. selection='choose'")
+    if not isinstance(args, tuple):
+        raise TypeError(f"send() args must be a tuple, got {args!r}; e.g. send({endpoint._what}, (x,))")
+    ranks = [random.randrange(len(endpoint._mesh))] if selection == "choose" else None
+    endpoint._send_to(args, dict(kwargs or {}), port, ranks)
+
+
+class Accumulator(Generic[R, A]):
+    """A left fold over the replies of an endpoint: ``Accumulator(mesh.value, 0, operator.add)``.
+
+    :meth:`accumulate` calls every actor (as ``stream()`` does) and folds
+    the replies in their arrival order, starting from ``identity``.
+    """
+
+    def __init__(self, endpoint: Endpoint[R], identity: A, combine: Callable[[A, R], A]) -> None:
+        if not isinstance(endpoint, Endpoint):
+            raise TypeError(f"Accumulator needs an endpoint of an actor mesh, got {endpoint!r}; "
+                            "e.g. Accumulator(mesh.value, 0, operator.add)")
+        if not callable(combine):
+            raise TypeError(f"Accumulator combine must be callable, got {combine!r}; e.g. operator.add")
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Future[A]:
+        """Call every actor; the future gives ``combine(...combine(identity, r1)..., rN)``.
+
+        It fails with the first error to arrive (an endpoint's ``ActorError``,
+        a ``SupervisionError``, or what ``combine`` raised).
+        """
+        futures = list(self._endpoint.stream(*args, **kwargs))
+        result: Future[A] = Future(f"{self._endpoint._what}.accumulate()")
+        lock = threading.Lock()
+        state: list[Any] = [self._identity, len(futures)]
+
+        def arrived(fut: Any) -> None:
+            with lock:
+                if result.done():
+                    return
+                try:
+                    state[0] = self._combine(state[0], fut.result())
+                except BaseException as exc:
+                    result.set_exception(exc)
+                    return
+                state[1] -= 1
+                if state[1] == 0:
+                    result.set_result(state[0])
+
+        if not futures:
+            result.set_result(self._identity)
+        for fut in futures:
+            fut.add_done_callback(arrived)
+        return result
 
 
 class ActorMesh(MeshTrait, Generic[T]):

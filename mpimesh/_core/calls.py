@@ -37,7 +37,7 @@ from . import protocol
 from . import serialize as _serialize
 from .failures import Owned
 from .ports import Gather, OneReply, Port, PortReceiver, Queue, Receiver
-from .protocol import Frame, Key
+from .protocol import Frame, Key, PortRef
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -223,27 +223,32 @@ class MeshRef:
 
     def cast(
         self, method: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-        receiver: Callable[[list[Addr]], Receiver] | None,
+        receiver: Callable[[list[Addr]], Receiver] | None, *, reply_to: PortRef | None = None,
+        ranks: list[int] | None = None,
     ) -> None:
         """Call ``method`` on every actor of this view; ``receiver(addrs)`` takes the replies (None: nobody waits).
 
         A target known dead, or one a send finds failed, fails its part of
-        the wait.  With nobody waiting (a broadcast) it raises instead.
+        the wait.  With nobody waiting here (a broadcast, or replies sent to
+        ``reply_to``, a port of any process) it raises instead.  ``ranks``:
+        only these actors of the view (default: all).
 
         Raises:
             TypeError: the arguments do not pickle.
-            SupervisionError: a broadcast reaches a dead actor.
+            SupervisionError: a call nobody waits for here reaches a dead actor.
         """
         rt = _current.current()
-        addrs = self.targets
+        chosen = range(len(self.targets)) if ranks is None else ranks
+        addrs = [self.targets[rank] for rank in chosen]
+        verb = "broadcast" if reply_to is None else "send"
         dead = rt.dead
         if dead and receiver is None:
             for addr in addrs:
                 if addr in dead:
-                    raise SupervisionError(f"cannot broadcast {what}(): {dead[addr]}", endpoint=method)
+                    raise SupervisionError(f"cannot {verb} {what}(): {dead[addr]}", endpoint=method)
         payload, buffers = _encode(what, args, kwargs)
         waiting = None
-        port = None
+        port = reply_to
         pid = 0
         if receiver is not None:
             waiting = receiver(addrs)
@@ -252,11 +257,11 @@ class MeshRef:
         sizes = _sizes(buffers)
         key = self.key
         points = self._points
-        for rank, addr in enumerate(addrs):
+        for rank, addr in zip(chosen, addrs, strict=True):
             report = _post(rt, addr, protocol.call(sizes, key, method, payload, port, points[rank]), buffers, waiting,
                            pid)
             if report is not None and waiting is None:
-                raise SupervisionError(f"cannot broadcast {what}(): {report}", endpoint=method)
+                raise SupervisionError(f"cannot {verb} {what}(): {report}", endpoint=method)
 
     def cast_one(
         self, method: str, name: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any], rank: int
