@@ -10,6 +10,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar, overload
 from ._core.calls import MeshRef
 from ._core.ports import Gather, Port, Receiver, Stream
 from .actor import EndpointInfo
+from .errors import SupervisionError
 from .future import Future
 from .shape import MeshTrait, Shape
 from .value_mesh import ValueMesh
@@ -333,7 +334,9 @@ class ActorMesh(MeshTrait, Generic[T]):
         return self._ref.stop(self._name, reason)
 
     def _refuse(self, method: str) -> NoReturn:
-        raise RuntimeError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh")
+        # SupervisionError, as Monarch raises for a stopped actor (a RuntimeError too)
+        raise SupervisionError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh",
+                               endpoint=method)
 
 
 def _rebuild(state: dict[str, Any]) -> ActorMesh[Any]:

@@ -86,5 +86,9 @@ def current_size() -> dict[str, int]:
 
 
 def current_actor_name() -> str:
-    """The name of the running actor mesh (``"client"`` outside actors)."""
-    return _context_var.get().actor_instance.name
+    """The running actor's unique id, ``name[rank]@island.rank`` (``"client"`` outside actors), as in Monarch.
+
+    It differs per rank of a mesh; the mesh's own name is
+    ``context().actor_instance.name``.
+    """
+    return _context_var.get().actor_instance.actor_id

@@ -292,6 +292,11 @@ class Point(_Value, Mapping[str, int]):
     def __repr__(self) -> str:
         return f"Point({dict(zip(self._extent.labels, self._coords, strict=True))!r})"
 
+    def __str__(self) -> str:
+        """Coordinate/size per dimension, as Monarch prints a rank: ``{'hosts': 0/1, 'gpus': 1/2}``."""
+        pairs = zip(self._extent.labels, self._coords, self._extent.sizes, strict=True)
+        return "{" + ", ".join(f"{label!r}: {coord}/{size}" for label, coord, size in pairs) + "}"
+
 
 # --- Shape
 

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import operator
+import re
 
 import pytest
 
-from mpimesh import Accumulator, Actor, ActorError, Channel, current_rank, endpoint, send
+from mpimesh import (
+    Accumulator,
+    Actor,
+    ActorError,
+    Channel,
+    SupervisionError,
+    context,
+    current_actor_name,
+    current_rank,
+    endpoint,
+    send,
+)
 
 pytestmark = pytest.mark.mesh
 
@@ -15,6 +27,10 @@ class Numbers(Actor):
     @endpoint
     def value(self, scale: int = 1) -> int:
         return (current_rank().rank + 1) * scale
+
+    @endpoint
+    def names(self) -> tuple[str, str, str]:
+        return current_actor_name(), context().actor_instance.name, str(current_rank())
 
     @endpoint
     def fail_on(self, rank: int) -> int:
@@ -113,3 +129,22 @@ def test_accumulator_fails_with_the_first_error(numbers: object) -> None:
         Accumulator(numbers.value, 0, bad).accumulate().get(30)  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match=r"^Accumulator combine must be callable, got 1; "):
         Accumulator(numbers.value, 0, 1)  # type: ignore[attr-defined, arg-type]
+
+
+def test_current_actor_name_is_the_actors_unique_id(numbers: object) -> None:
+    """As in Monarch: one id per actor (the mesh's name is actor_instance.name); str(rank) is coordinate/size."""
+    names = numbers.names.call().get(30).values()  # type: ignore[attr-defined]
+    ids = [actor_id for actor_id, _, _ in names]
+    assert len(set(ids)) == 2 and all(re.fullmatch(r"numbers\[[01]\]@\d+\.\d+", i) for i in ids), ids
+    assert [name for _, name, _ in names] == ["numbers", "numbers"]
+    assert [rank for _, _, rank in names] == ["{'gpus': 0/2}", "{'gpus': 1/2}"]
+    assert current_actor_name() == "client"
+
+
+def test_calls_after_stop_raise_supervision_error(procs: object) -> None:
+    mesh = procs.spawn("stopped", Numbers)  # type: ignore[attr-defined]
+    mesh.stop().get(30)
+    with pytest.raises(SupervisionError, match=r"^cannot call stopped\.value\(\) after stop\(\) of "):
+        mesh.value.call()
+    with pytest.raises(SupervisionError):
+        send(mesh.value, port=Channel.open()[0])

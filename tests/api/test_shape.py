@@ -213,6 +213,12 @@ def test_point_repr_eq_hash_pickle() -> None:
     assert repr(Point(0, Extent((), ()))) == "Point({})"
 
 
+def test_point_str_is_coordinate_over_size() -> None:
+    """str() reads like Monarch's rank: coordinate/size per dimension."""
+    assert str(Point(3, Extent(("hosts", "gpus"), (2, 4)))) == "{'hosts': 0/2, 'gpus': 3/4}"
+    assert str(Point(0, Extent((), ()))) == "{}"
+
+
 def test_point_missing_label() -> None:
     """Item lookup and size() of a missing label raise KeyError naming the point."""
     point = Point(3, Extent(("hosts", "gpus"), (2, 4)))
