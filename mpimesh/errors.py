@@ -64,6 +64,8 @@ class ActorError(Exception):
         rank: flat rank of the failing actor in its mesh.
         coords: its mesh coordinates.
         host: the host name of the failing process.
+        causes: ``Type: message`` of the exceptions it was raised from
+            (``raise ... from``) or while handling, innermost last.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class ActorError(Exception):
         rank: int = -1,
         coords: dict[str, int] | None = None,
         host: str = "",
+        causes: tuple[str, ...] = (),
     ) -> None:
         super().__init__(exception, exception_formatted, header)
         self.exception = exception
@@ -83,12 +86,14 @@ class ActorError(Exception):
         self.rank = rank
         self.coords = dict(coords or {})
         self.host = host
+        self.causes = tuple(causes)
         self.__cause__ = exception
 
     @property
     def message(self) -> str:
-        """One line: where it failed and what was raised."""
-        return f"{self.header.lstrip('# ')}: {type(self.exception).__name__}: {self.exception}"
+        """One line: where it failed, what was raised, and what that was raised from."""
+        text = f"{self.header.lstrip('# ')}: {type(self.exception).__name__}: {self.exception}"
+        return text + "".join(f" (from {cause})" for cause in self.causes)
 
     def __str__(self) -> str:
         return f"remote call failed at {self.message}"
@@ -96,14 +101,15 @@ class ActorError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_actor_error,
-            (self.exception, self.exception_formatted, self.header, self.rank, self.coords, self.host),
+            (self.exception, self.exception_formatted, self.header, self.rank, self.coords, self.host, self.causes),
         )
 
 
 def _rebuild_actor_error(
-    exception: BaseException, formatted: str, header: str, rank: int, coords: dict[str, int], host: str
+    exception: BaseException, formatted: str, header: str, rank: int, coords: dict[str, int], host: str,
+    causes: tuple[str, ...] = (),
 ) -> ActorError:
-    return ActorError(exception, formatted, header, rank=rank, coords=coords, host=host)
+    return ActorError(exception, formatted, header, rank=rank, coords=coords, host=host, causes=causes)
 
 
 class SupervisionError(RuntimeError):

@@ -137,6 +137,8 @@ class ErrorPayload:
     rank: int
     coords: dict[str, int]
     host: str
+    #: ``Type: message`` of each exception it was raised from or during, innermost last
+    causes: tuple[str, ...] = ()
 
 
 def error_payload(exc: BaseException, header: str, rank: int, coords: dict[str, int], host: str) -> ErrorPayload:
@@ -149,7 +151,22 @@ def error_payload(exc: BaseException, header: str, rank: int, coords: dict[str, 
     except Exception:
         data = None
     kind = type(exc)
-    return ErrorPayload(data, f"{kind.__module__}.{kind.__qualname__}", str(exc), tb, header, rank, coords, host)
+    return ErrorPayload(data, f"{kind.__module__}.{kind.__qualname__}", str(exc), tb, header, rank, coords, host,
+                        _causes(exc))
+
+
+def _causes(exc: BaseException) -> tuple[str, ...]:
+    # The chain Python prints: __cause__, else an unsuppressed __context__
+    # (a pickled exception loses both, so they travel as text too).
+    found: list[str] = []
+    seen = {id(exc)}
+    while True:
+        nxt = exc.__cause__ if exc.__cause__ is not None else (None if exc.__suppress_context__ else exc.__context__)
+        if nxt is None or id(nxt) in seen:
+            return tuple(found)
+        seen.add(id(nxt))
+        found.append(f"{type(nxt).__name__}: {nxt}")
+        exc = nxt
 
 
 def raise_payload(payload: ErrorPayload) -> ActorError:
@@ -164,5 +181,6 @@ def raise_payload(payload: ErrorPayload) -> ActorError:
         exc = RemoteException(payload.type_name, payload.message)
     exc.__cause__ = RemoteTraceback(f"\n{payload.header}\n{payload.traceback}")
     return ActorError(
-        exc, payload.traceback, payload.header, rank=payload.rank, coords=payload.coords, host=payload.host
+        exc, payload.traceback, payload.header, rank=payload.rank, coords=payload.coords, host=payload.host,
+        causes=payload.causes,
     )
