@@ -30,6 +30,7 @@ from .errors import SupervisionError as SupervisionError
 from .future import Future as Future
 from .proc_mesh import HostMesh as HostMesh
 from .proc_mesh import ProcMesh as ProcMesh
+from .proc_mesh import get_or_spawn_controller as get_or_spawn_controller
 from .proc_mesh import host_mesh as host_mesh
 from .proc_mesh import this_host as this_host
 from .proc_mesh import this_proc as this_proc
@@ -72,6 +73,7 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "get_or_spawn_controller",
     "host_mesh",
     "send",
     "this_host",

@@ -10,13 +10,14 @@ from typing import Any, TypeVar, cast
 
 from . import context as _context
 from ._core import calls as _calls
+from ._core import named as _named
 from ._core import serialize as _serialize
 from .actor import Actor, endpoint_table
 from .actor_mesh import ActorMesh
 from .future import Future
 from .shape import MeshTrait, Shape
 
-__all__ = ["HostMesh", "ProcMesh", "host_mesh", "this_host", "this_proc"]
+__all__ = ["HostMesh", "ProcMesh", "get_or_spawn_controller", "host_mesh", "this_host", "this_proc"]
 
 T = TypeVar("T")
 Addr = tuple[int, int]
@@ -305,5 +306,33 @@ def this_proc() -> ProcMesh:
     return ProcMesh(Shape.unity(), (here.addr,), (here.host,), key=(island, rank, 0))
 
 
+def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any) -> Future[T]:
+    """The job's singleton actor ``name``: spawned once, in the controller's process; the same for every caller.
+
+    Any code, the script or an actor on any process, gets the same actor
+    mesh for the same ``name`` (the arguments of the first call win).  The
+    future is done when the call returns (the actor's ``__init__`` may still
+    run: ``.initialized`` waits for it); blocking meanwhile, as the
+    controller answers.
+
+    Raises:
+        TypeError: ``name`` is not a non-empty str, ``Class`` is not an Actor
+            subclass, or the arguments do not pickle.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"controller name must be a non-empty str, got {name!r}; "
+                        "e.g. get_or_spawn_controller('registry', Registry)")
+    if not (isinstance(Class, type) and issubclass(Class, Actor)):
+        raise TypeError(f"cannot spawn controller {name!r} of {Class!r}: it is not an Actor subclass; "
+                        "define it as `class MyActor(mpimesh.Actor)`")
+    mesh = _calls.named_actor(name, Class, args, kwargs)
+    return Future.completed(cast(T, mesh), f"get_or_spawn_controller({name!r})")
+
+
+def _spawn_here(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return this_proc().spawn(name, cls, *args, **kwargs)
+
+
 # context.Instance.proc gives this (context, a value leaf, imports no mesh module).
 _context._this_proc = this_proc
+_named.spawn_here = _spawn_here

@@ -42,7 +42,7 @@ from .protocol import Frame, Key, PortRef
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-__all__ = ["Here", "MeshRef", "allocate_procs", "here", "job_hosts", "open_channel", "release_procs"]
+__all__ = ["Here", "MeshRef", "allocate_procs", "here", "job_hosts", "named_actor", "open_channel", "release_procs"]
 
 Addr = tuple[int, int]
 #: A message point as it travels: ``(rank, labels, sizes)`` in the mesh the caller addressed.
@@ -330,6 +330,20 @@ def allocate_procs(per_host: int, hosts: list[str]) -> tuple[Key, list[Addr], li
 def job_hosts() -> list[str]:
     """The job's hosts in launch order (the controller's first)."""
     return _current.current().role.job_hosts()
+
+
+def named_actor(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The job's singleton actor mesh ``name`` in the controller's process, spawned on first use (blocking)."""
+    import cloudpickle
+
+    try:
+        body = cloudpickle.dumps((cls, args, kwargs))
+    except Exception as exc:
+        raise TypeError(
+            f"cannot pickle the arguments of {getattr(cls, '__qualname__', cls)} for controller {name!r}: {exc}; "
+            "pass data that pickles"
+        ) from exc
+    return _current.current().role.named_actor(name, body)
 
 
 def release_procs(addrs: list[Addr], reason: str) -> Future[None]:

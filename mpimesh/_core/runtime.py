@@ -76,6 +76,10 @@ class Role(_failures.Role, Protocol):
         """The job's hosts, in launch order (blocking)."""
         ...
 
+    def named_actor(self, name: str, body: bytes) -> Any:
+        """The controller's singleton actor mesh ``name``, spawned from ``body`` if new (blocking)."""
+        ...
+
     def release(self, addrs: list[Addr], reason: str) -> Future[None]:
         """Stop every actor on ``addrs`` and give the processes back."""
         ...

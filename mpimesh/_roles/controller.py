@@ -23,6 +23,7 @@ from typing import Any
 from .._core import protocol
 from .._core import serialize as _serialize
 from .._core.logs import Printer, warn
+from .._core.named import Registry as NamedActors
 from .._core.ports import Gather
 from .._core.protocol import Frame, Kind, Status
 from .._core.runtime import Runtime
@@ -79,6 +80,8 @@ class Controller(BaseRole):
         self.cond = threading.Condition()
         self.procs: dict[Addr, ProcInfo] = {a: ProcInfo(a, h, p) for a, h, p in pool}
         self.free: list[Addr] = [a for a, _, _ in pool]
+        #: get_or_spawn_controller's singletons: name -> actor mesh in this process
+        self.named = NamedActors()
         #: the job's hosts in launch order (the controller's first)
         self.hosts: list[str] = list(dict.fromkeys([runtime.host, *(h for _, h, _ in pool)]))
         self.islands: dict[int, list[Addr]] = {}
@@ -235,6 +238,10 @@ class Controller(BaseRole):
             warn(f"MPI_Comm_spawn placed processes on other hosts than asked: {', '.join(astray)}; "
                  "their mesh coordinates do not match their hosts")
         return addrs
+
+    def named_actor(self, name: str, body: bytes) -> Any:
+        """The singleton actor mesh ``name`` in this process, spawned from ``body`` (class, args) if new."""
+        return self.named.get_or_spawn(name, body)
 
     def _respawns_across_hosts(self) -> bool:
         """Whether a job across hosts may spawn more than once (MPIMESH_SPAWNS_ACROSS_HOSTS)."""
@@ -396,6 +403,8 @@ class Controller(BaseRole):
                 value: Any = self.allocate(*arg)
             elif op == "hosts":
                 value = self.job_hosts()
+            elif op == "named":
+                value = self.named_actor(*arg)
             else:
                 self._release(arg[0], arg[1])
                 value = None

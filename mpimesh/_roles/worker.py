@@ -118,6 +118,12 @@ class Worker(BaseRole):
         placed: list[tuple[Addr, str]] = fut.get()
         return placed
 
+    def named_actor(self, name: str, body: bytes) -> Any:
+        """The controller's singleton actor mesh ``name`` (blocking)."""
+        fut = OneReply("get_or_spawn_controller", "get_or_spawn_controller", CONTROLLER)
+        self._ask("named", (name, body), fut)
+        return fut.get()
+
     def job_hosts(self) -> list[str]:
         """The job's hosts in launch order, from the controller (blocking)."""
         fut = OneReply("host_mesh", "host_mesh", CONTROLLER)
