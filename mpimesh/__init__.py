@@ -41,6 +41,12 @@ from .shape import Point as Point
 from .shape import Shape as Shape
 from .supervision import MeshFailure as MeshFailure
 from .supervision import unhandled_fault_hook as unhandled_fault_hook
+from .transport_names import ChannelTransport as ChannelTransport
+from .transport_names import attach as attach
+from .transport_names import attach_to_workers as attach_to_workers
+from .transport_names import enable_transport as enable_transport
+from .transport_names import hosts_from_config as hosts_from_config
+from .transport_names import run_worker_loop_forever as run_worker_loop_forever
 from .value_mesh import ValueMesh as ValueMesh
 
 __all__ = [
@@ -49,6 +55,7 @@ __all__ = [
     "ActorError",
     "ActorMesh",
     "Channel",
+    "ChannelTransport",
     "Context",
     "Endpoint",
     "Extent",
@@ -68,13 +75,18 @@ __all__ = [
     "Shape",
     "SupervisionError",
     "ValueMesh",
+    "attach",
+    "attach_to_workers",
     "context",
     "current_actor_name",
     "current_rank",
     "current_size",
+    "enable_transport",
     "endpoint",
     "get_or_spawn_controller",
     "host_mesh",
+    "hosts_from_config",
+    "run_worker_loop_forever",
     "send",
     "this_host",
     "this_proc",

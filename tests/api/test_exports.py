@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import re
+from typing import Any
+
+import pytest
 
 import mpimesh
 
@@ -23,3 +27,20 @@ def test_public_objects_are_documented_and_rehomed() -> None:
         obj = getattr(mpimesh, name)
         assert obj.__module__ == "mpimesh", name
         assert inspect.getdoc(obj), name
+
+
+@pytest.mark.parametrize(
+    ("call", "instead"),
+    [
+        (lambda: mpimesh.enable_transport(mpimesh.ChannelTransport.Unix), "the MPI library carries every message"),
+        (lambda: mpimesh.attach_to_workers(ca="trust_all_connections", workers=[]), "launch the workers with the job"),
+        (lambda: mpimesh.run_worker_loop_forever(ca="x", address="tcp://a:1"), "ranks 1..N-1 of `mpirun -n N"),
+        (lambda: mpimesh.attach("tcp://a:1"), "run the script as rank 0 of the job"),
+        (lambda: mpimesh.hosts_from_config("x"), "use host_mesh()"),
+    ],
+)
+def test_monarch_transport_names_say_what_replaces_them(call: Any, instead: str) -> None:
+    """Monarch's transport and bootstrap calls exist, and fail at the call with the replacement."""
+    with pytest.raises(NotImplementedError, match=r"^\w+\(.*\) is Monarch's own transport and bootstrap, which "
+                       r"mpimesh does not have; " + re.escape(instead)):
+        call()

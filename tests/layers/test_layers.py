@@ -25,7 +25,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mpimesh"
 
-LEAVES = {"shape", "value_mesh", "future", "errors", "context", "supervision", "config", "_version"}
+LEAVES = {"shape", "value_mesh", "future", "errors", "context", "supervision", "config", "_version", "transport_names"}
 PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma"}
 
 #: layer -> the layers it may import (besides itself)
