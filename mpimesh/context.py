@@ -28,6 +28,9 @@ class Instance:
         actor_id: a unique id, ``name[rank]@island.rank``.
         proc_mesh: the :class:`ProcMesh` the actor was spawned on (a reference).
         creator: the actor id of whoever spawned it.
+
+    ``stop(reason)`` ends the actor cleanly after the current message;
+    ``abort(reason)`` fails it, and its owner hears of the failure.
     """
 
     rank: Point
@@ -50,6 +53,17 @@ class Instance:
         if self._actor is None:
             raise RuntimeError(f"cannot stop {self.actor_id}: it is the controller script, not an actor")
         self._actor.request_stop(reason)
+
+    def abort(self, reason: str = "aborted by itself") -> None:
+        """Fail this actor now: later calls raise ``SupervisionError`` and its owner is told.
+
+        The owner's ``__supervise__`` (or ``unhandled_fault_hook``) receives a
+        :class:`MeshFailure` naming ``reason``; the current message still
+        finishes and answers.
+        """
+        if self._actor is None:
+            raise RuntimeError(f"cannot abort {self.actor_id}: it is the controller script, not an actor")
+        self._actor.abort(reason)
 
 
 @dataclass

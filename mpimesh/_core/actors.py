@@ -227,6 +227,14 @@ class _Actor:
         """Stop after the messages already in the mailbox (``Instance.stop``)."""
         self.put(_Stop(reason, None))
 
+    def abort(self, reason: str) -> None:
+        """Fail this actor now, with ``reason``, and tell its owner (``Instance.abort``)."""
+        if self.state == "failed":
+            return
+        self.state = "failed"
+        self.failure = f"aborted: {reason}"
+        self._fault(f"actor {self.actor_id} on {self.runtime.host} aborted: {reason}")
+
     def supervise(self, failure: MeshFailure) -> None:
         """Hand a failure of a mesh this actor owns to its ``__supervise__``, in mailbox order."""
         self.put(_Supervise(failure))
