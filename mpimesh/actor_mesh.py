@@ -67,6 +67,15 @@ class Endpoint(Generic[R]):
         if not kwargs:
             self._arities.add(len(args))
 
+    def _ready(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorMesh[Any]:
+        """Check a call's arguments and that the mesh still serves; returns the mesh."""
+        if self._checks and (kwargs or len(args) not in self._arities):
+            self._check(args, kwargs)
+        mesh = self._mesh
+        if mesh._stopped:
+            mesh._refuse(self._name)
+        return mesh
+
     @overload
     def _send(self, args: tuple[Any, ...], kwargs: dict[str, Any], port: str, selection: int) -> Future[R]: ...
     @overload
@@ -93,11 +102,7 @@ class Endpoint(Generic[R]):
             TypeError: the arguments do not fit the signature, or do not pickle.
             RuntimeError: the mesh was stopped.
         """
-        if self._checks and (kwargs or len(args) not in self._arities):
-            self._check(args, kwargs)
-        mesh = self._mesh
-        if mesh._stopped:
-            mesh._refuse(self._name)
+        mesh = self._ready(args, kwargs)
         if selection is None:
             mesh._ref.cast(self._name, self._what, args, kwargs, port)  # type: ignore[arg-type]
             return None
@@ -158,11 +163,7 @@ class Endpoint(Generic[R]):
     def _send_to(self, args: tuple[Any, ...], kwargs: dict[str, Any], port: Port[R] | None,
                  ranks: list[int] | None) -> None:
         """Check a call and cast it to ``ranks`` (all: None), every reply to ``port`` (none: nobody hears)."""
-        if self._checks and (kwargs or len(args) not in self._arities):
-            self._check(args, kwargs)
-        mesh = self._mesh
-        if mesh._stopped:
-            mesh._refuse(self._name)
+        mesh = self._ready(args, kwargs)
         reply_to = None if port is None else port._port
         mesh._ref.cast(self._name, self._what, args, kwargs, None, reply_to=reply_to, ranks=ranks)
 

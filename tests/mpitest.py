@@ -162,10 +162,14 @@ def _run_once(cmd: list[str], *, timeout: float, env: dict[str, str] | None, cwd
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        for line in leftovers(tag):
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        _reap(tag, 0.0)
         raise AssertionError(f"{' '.join(cmd)} hung (>{timeout:g} s)\nstdout:\n{out}\nstderr:\n{err}") from None
     seconds = time.monotonic() - start
+    return Run(proc.returncode, out, err, seconds, _reap(tag, settle))
+
+
+def _reap(tag: str, settle: float) -> list[str]:
+    """Wait up to ``settle`` seconds for the processes of ``tag`` to go; SIGKILL and return those left."""
     deadline = time.monotonic() + settle
     orphans = leftovers(tag)
     while orphans and time.monotonic() < deadline:
@@ -173,7 +177,7 @@ def _run_once(cmd: list[str], *, timeout: float, env: dict[str, str] | None, cwd
         orphans = leftovers(tag)
     for line in orphans:
         _kill(line)
-    return Run(proc.returncode, out, err, seconds, orphans)
+    return orphans
 
 
 def _kill(line: str) -> None:
@@ -314,13 +318,7 @@ def _run_job_once(cmd: list[str], *, timeout: float, env: dict[str, str | None] 
     seconds = time.monotonic() - start
     # Ranks a job started elsewhere (another host's namespace, a spawned
     # job's daemon) are not in its session: find them by their tag.
-    deadline = time.monotonic() + (0.0 if hung else 5.0)
-    orphans = leftovers(tag)
-    while orphans and time.monotonic() < deadline:
-        time.sleep(0.05)
-        orphans = leftovers(tag)
-    for line in orphans:
-        _kill(line)
+    orphans = _reap(tag, 0.0 if hung else 5.0)
     for reader in readers:
         reader.join(5.0)
     assert proc.stdout is not None and proc.stderr is not None

@@ -238,8 +238,9 @@ class MeshRef:
             SupervisionError: a call nobody waits for here reaches a dead actor.
         """
         rt = _current.current()
-        chosen = range(len(self.targets)) if ranks is None else ranks
-        addrs = [self.targets[rank] for rank in chosen]
+        targets = self.targets
+        addrs = targets if ranks is None else [targets[rank] for rank in ranks]
+        chosen = range(len(addrs)) if ranks is None else ranks
         verb = "broadcast" if reply_to is None else "send"
         dead = rt.dead
         if dead and receiver is None:
