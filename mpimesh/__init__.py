@@ -8,10 +8,12 @@ Launch with ``mpirun -n N python -m mpimesh script.py``, or run
 
 from ._version import __version__ as __version__
 from .actor import Actor as Actor
+from .actor import concurrent_endpoint as concurrent_endpoint
 from .actor import endpoint as endpoint
 from .actor_mesh import Accumulator as Accumulator
 from .actor_mesh import ActorMesh as ActorMesh
 from .actor_mesh import Endpoint as Endpoint
+from .actor_mesh import as_endpoint as as_endpoint
 from .actor_mesh import send as send
 from .channel import Channel as Channel
 from .channel import Port as Port
@@ -32,6 +34,7 @@ from .proc_mesh import HostMesh as HostMesh
 from .proc_mesh import ProcMesh as ProcMesh
 from .proc_mesh import get_or_spawn_controller as get_or_spawn_controller
 from .proc_mesh import host_mesh as host_mesh
+from .proc_mesh import shutdown_context as shutdown_context
 from .proc_mesh import this_host as this_host
 from .proc_mesh import this_proc as this_proc
 from .rma import RDMAAction as RDMAAction
@@ -75,8 +78,10 @@ __all__ = [
     "Shape",
     "SupervisionError",
     "ValueMesh",
+    "as_endpoint",
     "attach",
     "attach_to_workers",
+    "concurrent_endpoint",
     "context",
     "current_actor_name",
     "current_rank",
@@ -88,6 +93,7 @@ __all__ = [
     "hosts_from_config",
     "run_worker_loop_forever",
     "send",
+    "shutdown_context",
     "this_host",
     "this_proc",
     "unhandled_fault_hook",

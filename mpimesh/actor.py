@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
-__all__ = ["Actor", "endpoint", "EndpointInfo", "endpoint_table"]
+__all__ = ["Actor", "EndpointInfo", "concurrent_endpoint", "endpoint", "endpoint_table"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -108,12 +108,71 @@ def endpoint(
     def mark(method: F) -> F:
         if not callable(method):
             raise TypeError(f"@endpoint expects a function, got {method!r}; put it directly above a def")
-        setattr(method, _MARK, {"explicit_response_port": explicit_response_port})
+        if getattr(method, _MARK, {}).get("concurrent"):
+            raise TypeError(f"{_name(method)} is already a @concurrent_endpoint; use one of the two decorators")
+        setattr(method, _MARK, {"explicit_response_port": explicit_response_port, "concurrent": False})
         return method
 
     if fn is not None:
         return mark(fn)
     return mark
+
+
+@overload
+def concurrent_endpoint(fn: F, /) -> F: ...
+@overload
+def concurrent_endpoint(
+    *, propagate: Any = None, explicit_response_port: bool = False, instrument: bool = True
+) -> Callable[[F], F]: ...
+
+
+def concurrent_endpoint(
+    fn: F | None = None,
+    /,
+    *,
+    propagate: Any = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> F | Callable[[F], F]:
+    """Mark an ``async def`` method of an :class:`Actor` as an endpoint whose calls overlap.
+
+    Each call runs as an asyncio task on the actor's loop, so the actor takes
+    its next message while the body awaits; calls start in arrival order,
+    with no guarantee on the order they finish in.  When the actor stops,
+    outstanding calls are cancelled (their callers get
+    :class:`~mpimesh.SupervisionError`) before ``__cleanup__`` runs.  An
+    exception that escapes the body fails the actor, like one escaping a
+    ``broadcast``: the caller gets ``SupervisionError`` and the actor's owner
+    a :class:`~mpimesh.MeshFailure`.  Do not stack it with ``@endpoint``.
+
+    Args:
+        fn: the method, when used bare as ``@concurrent_endpoint``.
+        propagate: accepted for Monarch compatibility; unused.
+        explicit_response_port: as for :func:`endpoint`.
+        instrument: accepted for Monarch compatibility; unused.
+
+    Raises:
+        TypeError: the method is not ``async def``, or is already an ``@endpoint``.
+    """
+
+    def mark(method: F) -> F:
+        if not inspect.iscoroutinefunction(method):
+            raise TypeError(
+                f"@concurrent_endpoint expects an async def method, got {_name(method)}; "
+                "declare it async def, or use @endpoint"
+            )
+        if hasattr(method, _MARK):
+            raise TypeError(f"{_name(method)} is already an @endpoint; use one of the two decorators")
+        setattr(method, _MARK, {"explicit_response_port": explicit_response_port, "concurrent": True})
+        return method
+
+    if fn is not None:
+        return mark(fn)
+    return mark
+
+
+def _name(method: Any) -> str:
+    return str(getattr(method, "__qualname__", None) or repr(method))
 
 
 @functools.cache
@@ -142,7 +201,7 @@ def endpoint_table(cls: type) -> dict[str, EndpointInfo]:
         sync = sorted(n for n, i in table.items() if not i.is_async)
         asyn = sorted(n for n, i in table.items() if i.is_async)
         raise ValueError(
-            f"actor class {cls.__qualname__} mixes def endpoints {sync} and async def endpoints {asyn}; "
+            f"actor class {cls.__qualname__} mixes both async and sync endpoints (def {sync}, async def {asyn}); "
             "make them all def or all async def"
         )
     return table

@@ -15,7 +15,7 @@ from .future import Future
 from .shape import MeshTrait, Shape
 from .value_mesh import ValueMesh
 
-__all__ = ["Accumulator", "ActorMesh", "Endpoint", "send"]
+__all__ = ["Accumulator", "ActorMesh", "Endpoint", "NotAnEndpoint", "as_endpoint", "send"]
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -33,10 +33,11 @@ class Endpoint(Generic[R]):
     and pickled before anything is sent, so a bad call raises here.
     """
 
-    def __init__(self, mesh: ActorMesh[Any], info: EndpointInfo) -> None:
+    def __init__(self, mesh: ActorMesh[Any], info: EndpointInfo, wire: str | None = None) -> None:
         self._mesh = mesh
         self._info = info
-        self._name = info.name
+        # what the actor is asked for: the method's name (see as_endpoint)
+        self._name = wire or info.name
         self._what = f"{mesh._name}.{info.name}"
         self._single = len(mesh) == 1
         self._call_one_name = f"{self._what}.call_one()"
@@ -300,9 +301,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             self.__dict__[attr] = endpoint  # later lookups skip __getattr__
             return endpoint
         if attr in self._methods:
-            raise AttributeError(
-                f"{self._class_name}.{attr} is not an endpoint, so {self!r} cannot call it; decorate it with @endpoint"
-            )
+            return NotAnEndpoint(self, attr)
         raise AttributeError(f"{self!r} has no endpoint {attr!r}; its endpoints are {sorted(self._endpoints)}")
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -338,6 +337,69 @@ class ActorMesh(MeshTrait, Generic[T]):
         # SupervisionError, as Monarch raises for a stopped actor (a RuntimeError too)
         raise SupervisionError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh",
                                endpoint=method)
+
+
+class NotAnEndpoint:
+    """A plain method of a mesh's actor class, as ``mesh.method`` gives it: not callable remotely.
+
+    Calling it, or one of its adverbs, raises with the fix; ``as_endpoint``
+    makes it an :class:`Endpoint` (Monarch's ``NotAnEndpoint``).
+    """
+
+    def __init__(self, mesh: ActorMesh[Any], method: str) -> None:
+        self._mesh = mesh
+        self._method = method
+
+    def __repr__(self) -> str:
+        return f"<NotAnEndpoint {self._mesh._name}.{self._method} of {self._mesh!r}>"
+
+    def _error(self) -> str:
+        return (f"{self._mesh._class_name}.{self._method} is not an endpoint, so {self._mesh!r} cannot call it; "
+                f"decorate it with @endpoint, or call as_endpoint(mesh.{self._method})")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Raise: a plain method cannot be called through a mesh.
+
+        Raises:
+            TypeError: always, with the fix.
+        """
+        raise TypeError(self._error())
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        raise AttributeError(self._error())
+
+
+def as_endpoint(
+    not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False
+) -> Endpoint[Any]:
+    """Call a plain (not ``@endpoint``) method of a mesh's actors as if it were an endpoint.
+
+    ``as_endpoint(mesh.method)`` returns an :class:`Endpoint` with every
+    adverb; its arguments are not checked against the method's signature
+    before sending (the actor's call checks them).  An endpoint is returned
+    as it is.
+
+    Args:
+        not_an_endpoint: ``mesh.method`` for a method without ``@endpoint``.
+        propagate: accepted for Monarch compatibility; unused.
+        explicit_response_port: the method takes a :class:`Port` first and answers through it.
+
+    Raises:
+        TypeError: the argument is not a method of an actor mesh.
+    """
+    if isinstance(not_an_endpoint, Endpoint):
+        return not_an_endpoint
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise TypeError(
+            f"as_endpoint expects a method of an actor mesh, got {not_an_endpoint!r}; "
+            "pass mesh.method, e.g. as_endpoint(trainers.step)"
+        )
+    mesh, method = not_an_endpoint._mesh, not_an_endpoint._method
+    how = "as_endpoint_port" if explicit_response_port else "as_endpoint"
+    info = EndpointInfo(method, False, explicit_response_port, None)
+    return Endpoint(mesh, info, wire=f"{method}@{how}")
 
 
 def _rebuild(state: dict[str, Any]) -> ActorMesh[Any]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import inspect
 import math
 import sys
+import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future as _StdFuture
 from typing import Any, TypeVar, cast
 
 from . import context as _context
@@ -17,7 +19,7 @@ from .actor_mesh import ActorMesh
 from .future import Future
 from .shape import MeshTrait, Shape
 
-__all__ = ["HostMesh", "ProcMesh", "get_or_spawn_controller", "host_mesh", "this_host", "this_proc"]
+__all__ = ["HostMesh", "ProcMesh", "get_or_spawn_controller", "host_mesh", "shutdown_context", "this_host", "this_proc"]
 
 T = TypeVar("T")
 Addr = tuple[int, int]
@@ -141,6 +143,7 @@ class ProcMesh(MeshTrait):
         if self._stopped:
             return Future.completed(None, "ProcMesh.stop()")
         self._stopped = True
+        _LIVE.pop(self._key, None)
         return _calls.release_procs([self._addrs[i] for i in self._shape.ranks()], reason)
 
     def __enter__(self) -> ProcMesh:
@@ -156,6 +159,10 @@ class ProcMesh(MeshTrait):
     async def __aexit__(self, *exc: object) -> None:
         if self._owned:
             await self.stop()
+
+
+#: Process meshes this process spawned and has not stopped, by key (for shutdown_context)
+_LIVE: dict[tuple[int, int, int], ProcMesh] = {}
 
 
 def _rebuild(shape: Shape, addrs: tuple[Addr, ...], hosts: tuple[str, ...], key: tuple[int, int, int]) -> ProcMesh:
@@ -262,6 +269,7 @@ class HostMesh(MeshTrait):
         key, addrs, hosts = _calls.allocate_procs(math.prod(dims.values()), self.hostnames)
         shape = Shape.row_major(self._shape.labels + tuple(dims), self._shape.sizes + tuple(dims.values()))
         procs = ProcMesh(shape, tuple(addrs), tuple(hosts), key=key, owned=True)
+        _LIVE[key] = procs
         if bootstrap is not None:
             boot = procs.spawn("_bootstrap", _Bootstrap, bootstrap)
             try:
@@ -269,6 +277,39 @@ class HostMesh(MeshTrait):
             finally:
                 boot.stop().get()  # type: ignore[attr-defined]
         return procs
+
+
+def shutdown_context() -> Future[None]:
+    """Stop every process mesh this process spawned and has not stopped yet; idempotent.
+
+    Monarch's global teardown.  Returns at once; the future is done once
+    every one of those meshes has stopped (their actors' ``__cleanup__`` has
+    run and their processes are given back), and raises the first error a
+    stop raised.  Meshes spawned later are not affected; the job itself
+    goes on (it ends when the controller script ends).
+    """
+    stops = [mesh.stop("shutdown_context()") for mesh in list(_LIVE.values())]
+    done: Future[None] = Future("shutdown_context()")
+    if not stops:
+        done.set_result(None)
+        return done
+    left = [len(stops)]
+    lock = threading.Lock()  # the stops' callbacks run on whichever thread settles them
+
+    def one(fut: _StdFuture[Any]) -> None:
+        error = fut.exception()
+        with lock:
+            left[0] -= 1
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            elif left[0] == 0:
+                done.set_result(None)
+
+    for stop in stops:
+        stop.add_done_callback(one)
+    return done
 
 
 def this_host() -> HostMesh:

@@ -44,13 +44,19 @@ class MeshFailure:
     mesh: Any = None
 
     def report(self) -> str:
-        """A multi-line description for logs."""
+        """A multi-line description for logs.
+
+        Its first line names ``MeshFailure``, the mesh, each failed
+        ``rank=N`` with its coordinates and ``crashed_ranks``, as Monarch's
+        does; the cause follows, indented.
+        """
         where = ", ".join(
-            f"rank {r} ({', '.join(f'{k}={v}' for k, v in c.items())})" if c else f"rank {r}"
+            f"rank={r} ({', '.join(f'{k}={v}' for k, v in c.items())})" if c else f"rank={r}"
             for r, c in zip(self.crashed_ranks, self.coords or [{}] * len(self.crashed_ranks), strict=True)
         )
         kind = f" ({self.class_name})" if self.class_name else ""
-        return f"actor mesh {self.mesh_name!r}{kind}: {where} failed:\n  {self.cause}"
+        return (f"MeshFailure of actor mesh {self.mesh_name!r}{kind}: {where} failed, "
+                f"crashed_ranks={self.crashed_ranks}:\n  {self.cause}")
 
     def __str__(self) -> str:
         return self.report()

@@ -8,7 +8,9 @@ run: the controller is embedded and spawns its workers.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -37,3 +39,39 @@ def one_proc() -> Iterator[object]:
     mesh = this_host().spawn_procs(per_host={"gpus": 1})
     yield mesh
     mesh.stop().get(30)  # type: ignore[attr-defined]
+
+
+class Faults:
+    """An ``mpimesh.unhandled_fault_hook`` that records failures, so the controller keeps running."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.failures: list[Any] = []
+
+    def __call__(self, failure: Any) -> None:
+        with self._cond:
+            self.failures.append(failure)
+            self._cond.notify_all()
+
+    def wait_for(self, mesh_name: str, count: int = 1, timeout: float = 30.0) -> list[Any]:
+        """The failures of ``mesh_name`` once there are ``count`` (bounded by ``timeout``)."""
+        def of() -> list[Any]:
+            return [f for f in self.failures if f.mesh_name == mesh_name]
+
+        with self._cond:
+            self._cond.wait_for(lambda: len(of()) >= count, timeout)
+            return of()
+
+
+@pytest.fixture
+def faults() -> Iterator[Faults]:
+    """Failures that reach the controller during the test, recorded instead of ending the job."""
+    import mpimesh
+
+    recorder = Faults()
+    saved = mpimesh.unhandled_fault_hook
+    mpimesh.unhandled_fault_hook = recorder
+    try:
+        yield recorder
+    finally:
+        mpimesh.unhandled_fault_hook = saved

@@ -176,6 +176,10 @@ class _Actor:
         self.spawner = spawner
         self.instance: Any = None
         self.state = "starting"
+        # stopped while its __init__ had not returned (see stop)
+        self.abandoned = False
+        # where `initialized` waits (see ActorHost.on_spawn)
+        self.init_port: PortRef | None = None
         self.failure: str | None = None
         self.stop_reason: str | None = None
         self.mailbox: deque[_Item] = deque()
@@ -184,8 +188,8 @@ class _Actor:
         self._tid: int | None = None
         # message point -> Context, for the few slices an actor is called through
         self._contexts: dict[RawPoint, Context] = {}
-        # endpoint name -> (bound method, explicit response port), see _bind
-        self._bound: dict[str, tuple[Callable[..., Any], bool]] = {}
+        # endpoint name -> (bound method, explicit response port, concurrent), see _bind
+        self._bound: dict[str, tuple[Callable[..., Any], bool, bool]] = {}
         addr = self.runtime.addr
         self.actor_id = f"{name}[{point.rank}]@{addr[0]}.{addr[1]}"
         coords = ", ".join(f"{k}={v}" for k, v in point.items())
@@ -193,6 +197,8 @@ class _Actor:
         self.identity = Instance(point, name, "", self.actor_id, None, creator, self)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        # an async actor's tasks outside the mailbox (__supervise__), kept referenced
+        self._tasks: set[asyncio.Task[None]] = set()
         if is_async:
             import asyncio  # only async actors pay for it
 
@@ -227,6 +233,47 @@ class _Actor:
         """Stop after the messages already in the mailbox (``Instance.stop``)."""
         self.put(_Stop(reason, None))
 
+    def stop(self, reason: str, done: Callable[[], None]) -> None:
+        """Stop after the messages already in the mailbox; ``done()`` runs once stopped.
+
+        An actor whose ``__init__`` has not returned (it may never) is let go
+        at once: it counts as stopped, later calls are refused, and its
+        thread ends when ``__init__`` returns, without running anything else.
+        A thread cannot be interrupted, so this is the only bounded stop.
+        """
+        with self.cond:
+            abandon = self.state in ("starting", "initializing")
+            if abandon:
+                self.abandoned = True
+                self.state = "stopped"
+                self.stop_reason = reason
+        if not abandon:
+            self.put(_Stop(reason, done))
+            return
+        self.host.forget(self.key, reason)
+        # Calls waiting behind __init__ are refused now, not when (if ever) it returns.
+        while True:
+            try:
+                item = self.mailbox.popleft()
+            except IndexError:
+                break
+            if isinstance(item, _SiteCall):
+                site = item.site
+                port: PortRef | None = (site.caller, item.pid)
+                method, index = site.method, site.point[0]
+            elif isinstance(item, _Call):
+                method, port, index = item.frame[3], item.frame[5], item.frame[6][0]
+            else:
+                continue
+            if port is not None:
+                self.runtime.reply(port, index, Status.FAILED, f"actor {self.actor_id} cannot take {method}(): "
+                                   f"it was stopped before its __init__ returned ({reason})")
+        self.put(_Stop(reason, None))  # wakes the thread if __init__ never began
+        if self.init_port is not None:
+            self.runtime.reply(self.init_port, self.point.rank, Status.FAILED,
+                               f"actor {self.actor_id} was stopped before its __init__ returned ({reason})")
+        done()
+
     def abort(self, reason: str) -> None:
         """Fail this actor now, with ``reason``, and tell its owner (``Instance.abort``)."""
         if self.state == "failed":
@@ -236,8 +283,32 @@ class _Actor:
         self._fault(f"actor {self.actor_id} on {self.runtime.host} aborted: {reason}")
 
     def supervise(self, failure: MeshFailure) -> None:
-        """Hand a failure of a mesh this actor owns to its ``__supervise__``, in mailbox order."""
-        self.put(_Supervise(failure))
+        """Hand a failure of a mesh this actor owns to its ``__supervise__``.
+
+        A sync actor takes it in mailbox order.  An async actor takes it at
+        once, as a task on its loop: even while one of its endpoints awaits
+        (say, the very mesh that failed), as Monarch delivers supervision at
+        the endpoint's await points.
+        """
+        loop = self.loop
+        if loop is None:
+            self.put(_Supervise(failure))
+            return
+        try:
+            loop.call_soon_threadsafe(self._supervise_now, failure)
+        except RuntimeError:  # the loop has closed: the actor has stopped
+            self._unhandled(failure, None)
+
+    def _supervise_now(self, failure: MeshFailure) -> None:
+        # On an async actor's loop: __supervise__ now, its awaitable as a task.
+        import asyncio
+
+        pending: list[Any] = []
+        self._supervise(_Supervise(failure), pending)
+        if pending:
+            task = asyncio.ensure_future(pending[0])
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     # -- thread bodies -----------------------------------------------------
 
@@ -294,6 +365,10 @@ class _Actor:
     # False once the actor has stopped.
 
     def _init(self, item: _Init, pending: list[Any] | None) -> bool:
+        with self.cond:
+            if self.state == "stopped":
+                return False  # stopped before its __init__ began
+            self.state = "initializing"
         token = _context_var.set(Context(self.identity, self.point))
         try:
             # the first item: the creator's heavy modules, imported by now (proc_mesh._PRELOAD)
@@ -302,11 +377,20 @@ class _Actor:
             self.identity.proc_mesh = proc_mesh
             self.instance = cls(*args, **kwargs)
         except BaseException as exc:
+            if self.abandoned:
+                return False  # stopped while __init__ ran: nobody waits for it any more
             self.state = "failed"
             self.failure = f"{type(exc).__name__} in __init__: {exc}"
+            # `initialized` fails with the exception, and the owner hears of
+            # it as of any failed actor (Monarch: a supervision event).
             self._error(item.port, self.point.rank, exc)
+            self._report_fault(exc, "__init__")
         else:
-            self.state = "running"
+            with self.cond:
+                if self.state == "stopped":
+                    # stop() let the actor go while __init__ ran (see stop): it never runs
+                    return False
+                self.state = "running"
             self.runtime.reply(item.port, self.point.rank, Status.OK, None)
         finally:
             _context_var.reset(token)
@@ -325,14 +409,19 @@ class _Actor:
             try:
                 # plain arguments come unpickled with the frame (see protocol.call)
                 args, kwargs = _serialize.loads(args, item.buffers) if type(args) is bytes else args
-                fn, explicit_port = self._bound.get(method) or self._bind(method)
+                fn, explicit_port, concurrent = self._bound.get(method) or self._bind(method)
             except BaseException as exc:  # arguments that do not unpickle, or no such endpoint
                 self._failed_call(exc, port, index, method)
                 return True
-            if explicit_port:
+            if concurrent:
+                self._start_concurrent(fn, args, kwargs, port, index, method, explicit_port)
+            elif explicit_port:
+                # The method answers through its port; if it raises, the
+                # actor fails and the port hears of that (Monarch's contract).
                 args = (Port(port, index), *args)
-                port = None  # the method answers through its port
-            self._invoke(fn, args, kwargs, port, index, method, pending)
+                self._invoke(fn, args, kwargs, None, index, method, pending, failed_port=port)
+            else:
+                self._invoke(fn, args, kwargs, port, index, method, pending)
         finally:
             _context_var.reset(token)
         return True
@@ -389,6 +478,25 @@ class _Actor:
 
     def _stop(self, item: _Stop, pending: list[Any] | None) -> bool:
         self.stop_reason = item.reason
+        if pending is not None and self._tasks:
+            pending.append(self._cancel_then_stop(item))
+            return False
+        return self._cleanup_then_stop(item, pending)
+
+    async def _cancel_then_stop(self, item: _Stop) -> None:
+        # Concurrent calls still running are cancelled before __cleanup__ (Monarch's order).
+        import asyncio
+
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        pending: list[Any] = []
+        self._cleanup_then_stop(item, pending)
+        if pending:
+            await pending[0]
+
+    def _cleanup_then_stop(self, item: _Stop, pending: list[Any] | None) -> bool:
         done = item.done
         cleanup = getattr(self.instance, "__cleanup__", None)
         if cleanup is not None:
@@ -418,35 +526,77 @@ class _Actor:
 
     def _invoke(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], port: PortRef | None,
-        index: int, method: str, pending: list[Any] | None,
+        index: int, method: str, pending: list[Any] | None, failed_port: PortRef | None = None,
     ) -> None:
         """Call an endpoint and answer the caller (if any) with its result or its error.
 
         An async actor's coroutine goes to ``pending``, and
-        :meth:`_finish_async` answers once it is done.
+        :meth:`_finish_async` answers once it is done.  ``failed_port``: the
+        explicit response port of an endpoint that answers by itself, told
+        if the endpoint raises.
         """
         try:
             result = fn(*args, **kwargs) if kwargs else fn(*args)  # no dict built for the common call
             if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
                 if pending is None:
                     raise TypeError(f"endpoint {method} returned an awaitable in a sync actor; declare it async def")
-                pending.append(self._finish_async(result, port, index, method, _context_var.get()))
+                pending.append(self._finish_async(result, port, index, method, _context_var.get(), failed_port))
                 return
         except BaseException as exc:
-            self._failed_call(exc, port, index, method)
+            self._failed_call(exc, port, index, method, failed_port)
         else:
             if port is not None and type(result) in _SCALARS:
                 self.runtime.reply_value(port[0], port[1], index, result)  # plain data: cannot fail to pickle
             else:
                 self._answer(port, index, result, method)
 
-    async def _finish_async(self, awaitable: Any, port: PortRef | None, index: int, method: str, ctx: Context) -> None:
+    def _start_concurrent(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], port: PortRef | None,
+        index: int, method: str, explicit_port: bool,
+    ) -> None:
+        """Start a ``@concurrent_endpoint`` call as a task: the actor takes its next message meanwhile.
+
+        An exception that escapes the body fails the actor (the caller gets
+        a SupervisionError); stop() cancels the tasks still running.
+        """
+        import asyncio
+
+        if explicit_port:
+            args = (Port(port, index), *args)  # type: ignore[arg-type]  # as in _call: a broadcast has none
+        try:
+            coro = fn(*args, **kwargs)
+        except BaseException as exc:
+            self._failed_call(exc, None, index, method, port)
+            return
+        answer_to = None if explicit_port else port
+        task = asyncio.ensure_future(
+            self._finish_async(coro, answer_to, index, method, _context_var.get(), port, fails_actor=True)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish_async(
+        self, awaitable: Any, port: PortRef | None, index: int, method: str, ctx: Context,
+        failed_port: PortRef | None = None, fails_actor: bool = False,
+    ) -> None:
         # The rest of _invoke for a coroutine: await it, in the message's context, then answer.
+        # `fails_actor`: any exception fails the actor (a concurrent endpoint's).
+        import asyncio
+
         token = _context_var.set(ctx)
         try:
             result = await awaitable
+        except asyncio.CancelledError:
+            if not fails_actor:
+                raise
+            if failed_port is not None:  # stop() cancelled it
+                self.runtime.reply(failed_port, index, Status.FAILED,
+                                   f"actor {self.actor_id} stopped before {method}() finished")
         except BaseException as exc:
-            self._failed_call(exc, port, index, method)
+            if fails_actor:
+                self._failed_call(exc, None, index, method, failed_port)
+            else:
+                self._failed_call(exc, port, index, method, failed_port)
         else:
             self._answer(port, index, result, method)
         finally:
@@ -460,23 +610,30 @@ class _Actor:
         ctx = contexts[point] = Context(self.identity, _point(point))
         return ctx
 
-    def _bind(self, method: str) -> tuple[Callable[..., Any], bool]:
-        # The bound endpoint and whether it answers through an explicit port, once per method.
-        fn = getattr(self.instance, method)
+    def _bind(self, method: str) -> tuple[Callable[..., Any], bool, bool]:
+        # The bound endpoint, whether it answers through an explicit port and
+        # whether its calls overlap, once per method.
+        # "name@as_endpoint[_port]": any public method, called through as_endpoint()
+        name, _, how = method.partition("@")
+        fn = getattr(self.instance, name)
         info = getattr(fn, "_mpimesh_endpoint", None)
-        if info is None:
+        if info is not None:
+            found = (fn, bool(info["explicit_response_port"]), bool(info.get("concurrent")))
+        elif how and not name.startswith("_") and callable(fn):
+            found = (fn, how == "as_endpoint_port", False)
+        else:
             raise AttributeError(f"{type(self.instance).__qualname__}.{method} is not an endpoint")
-        found = self._bound[method] = (fn, bool(info["explicit_response_port"]))
+        self._bound[method] = found
         return found
 
     def _bind_site(self, site: _Site) -> Callable[..., Any] | None:
         # What every call through `site` needs, once: the bound endpoint and the
         # context.  None: no such endpoint, or one that answers through a port.
         try:
-            fn, explicit_port = self._bound.get(site.method) or self._bind(site.method)
+            fn, explicit_port, concurrent = self._bound.get(site.method) or self._bind(site.method)
         except AttributeError:
             return None
-        if explicit_port:
+        if explicit_port or concurrent:
             return None
         site.ctx = self._contexts.get(site.point) or self._context(site.point)
         site.fn = fn
@@ -494,16 +651,20 @@ class _Actor:
             )
             self._error(port, index, error)
 
-    def _failed_call(self, exc: BaseException, port: PortRef | None, index: int, method: str) -> None:
+    def _failed_call(
+        self, exc: BaseException, port: PortRef | None, index: int, method: str, failed_port: PortRef | None = None,
+    ) -> None:
         if port is not None and isinstance(exc, Exception):
             self._error(port, index, exc)
             return
-        # No caller to tell (broadcast), or not an ordinary exception: the
-        # actor fails and its owner hears about it.
+        # No caller to tell (broadcast), an endpoint that answers through its
+        # own port, or not an ordinary exception: the actor fails and its
+        # owner hears about it; a caller waiting gets a SupervisionError.
         self.state = "failed"
         self.failure = f"{type(exc).__name__} in {method}: {exc}"
-        if port is not None:
-            self.runtime.reply(port, index, Status.FAILED, f"actor {self.actor_id} failed: {self.failure}")
+        told = port if port is not None else failed_port
+        if told is not None:
+            self.runtime.reply(told, index, Status.FAILED, f"actor {self.actor_id} failed: {self.failure}")
         self._report_fault(exc, method)
 
     def _error(self, port: PortRef | None, index: int, exc: BaseException) -> None:
@@ -514,7 +675,7 @@ class _Actor:
 
     def _why_not(self) -> str:
         if self.state == "failed":
-            return f"failed ({self.failure})"
+            return f"is unhealthy with reason: {self.failure}"
         return f"is {self.state}"
 
     def _report_fault(self, exc: BaseException, where: str) -> None:
@@ -587,6 +748,7 @@ class ActorHost:
         with self.lock:
             self.live[key] = actor
             parked = self.parked.pop(key, [])
+        actor.init_port = port
         actor.put(_Init(body, buffers, port))
         for item in parked:
             actor.put(item)
@@ -639,7 +801,7 @@ class ActorHost:
         if actor is None:
             self._ack(port, index)
             return
-        actor.put(_Stop(reason, lambda: self._ack(port, index)))
+        actor.stop(reason, lambda: self._ack(port, index))
 
     def _ack(self, port: PortRef | None, index: int) -> None:
         if port is not None:
@@ -663,7 +825,7 @@ class ActorHost:
                 done()
 
         for actor in actors:
-            actor.put(_Stop(reason, one_done))
+            actor.stop(reason, one_done)
         return actors
 
     def forget(self, key: Key, reason: str) -> None:
@@ -675,6 +837,7 @@ class ActorHost:
     def wait_stopped(self, actors: list[_Actor], timeout: float) -> list[_Actor]:
         """Wait (bounded) for actors to finish; returns those still running."""
         deadline = time.monotonic() + timeout
+        actors = [a for a in actors if not a.abandoned]  # stopped already, their __init__ may never return
         for actor in actors:
             actor.finished.wait(max(0.0, deadline - time.monotonic()))
         return [a for a in actors if not a.finished.is_set()]

@@ -75,8 +75,12 @@ class Receiver:
 
     def error(self, report: str, where: str = "") -> SupervisionError:
         """The SupervisionError a waiter on this port gets."""
+        # Monarch's phrases, which its users match on, then the cause
         target = f" to {where}" if where else ""
-        return SupervisionError(f"{self.what}(){target} failed: {report}", endpoint=self.what)
+        return SupervisionError(
+            f"Endpoint call {self.what}(){target} failed: the actor and all its descendants have failed: {report}",
+            endpoint=self.what,
+        )
 
 
 def _describe(shape: Shape, rank: int) -> str:

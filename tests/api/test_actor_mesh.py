@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -24,6 +26,9 @@ from mpimesh import (
     endpoint,
     this_proc,
 )
+
+if TYPE_CHECKING:
+    from conftest import Faults
 
 pytestmark = pytest.mark.mesh
 
@@ -513,12 +518,12 @@ def test_wrong_arguments_raise_at_the_caller(echo: object) -> None:
 
 def test_method_that_is_not_an_endpoint(echo: object) -> None:
     """A plain method is not callable through the mesh, and the error says how to fix it."""
-    with pytest.raises(
-        AttributeError,
-        match=r"^Echo.helper is not an endpoint, so ActorMesh\('echo', Echo, gpus=2\) cannot call it; "
-        r"decorate it with @endpoint$",
-    ):
-        _ = echo.helper  # type: ignore[attr-defined]
+    fix = (r"^Echo.helper is not an endpoint, so ActorMesh\('echo', Echo, gpus=2\) cannot call it; "
+           r"decorate it with @endpoint, or call as_endpoint\(mesh.helper\)$")
+    with pytest.raises(AttributeError, match=fix):
+        echo.helper.call()  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=fix):
+        echo.helper()  # type: ignore[attr-defined]
     with pytest.raises(
         AttributeError,
         match=r"^ActorMesh\('echo', Echo, gpus=2\) has no endpoint 'nothing'; "
@@ -655,16 +660,20 @@ def test_references_cannot_stop(echo: object) -> None:
         echo.slice(gpus=0).stop()  # type: ignore[attr-defined]
 
 
-def test_init_failure_reaches_initialized_and_later_calls(one_proc: object) -> None:
-    """An exception in __init__ fails `initialized`; calls to that actor then raise SupervisionError."""
+def test_init_failure_reaches_initialized_later_calls_and_the_owner(one_proc: object, faults: Faults) -> None:
+    """An exception in __init__ fails `initialized`, is a supervision event, and later calls raise SupervisionError."""
     mesh = one_proc.spawn("badinit", BadInit)  # type: ignore[attr-defined]
     with pytest.raises(ActorError) as info:
         mesh.initialized.get(10)
     assert isinstance(info.value.exception, ZeroDivisionError)
+    (failure,) = faults.wait_for("badinit")
+    assert re.match(r"MeshFailure of actor mesh 'badinit' \(BadInit\): rank=0 \(gpus=0\) failed, crashed_ranks=\[0\]:\n"
+                    r"  actor badinit\[0\]@\d+\.\d+ on \S+: ZeroDivisionError in __init__: bad init\n",
+                    failure.report()), failure.report()
     with pytest.raises(
         SupervisionError,
-        match=r"cannot take ping\(\): it failed \(ZeroDivisionError in __init__: bad "
-        r"init\)",
+        match=r"cannot take ping\(\): it is unhealthy with reason: ZeroDivisionError in __init__: bad "
+        r"init$",
     ):
         mesh.ping.call_one().get(10)
 
@@ -679,8 +688,8 @@ def test_spawn_misuse(one_proc: object) -> None:
         one_proc.spawn("x", int)  # type: ignore[attr-defined]
     with pytest.raises(
         ValueError,
-        match=r"^actor class Mixed mixes def endpoints \['a'\] and async def endpoints "
-        r"\['b'\]; ",
+        match=r"^actor class Mixed mixes both async and sync endpoints \(def \['a'\], async def "
+        r"\['b'\]\); ",
     ):
         one_proc.spawn("mixed", Mixed)  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match=r"^cannot pickle the arguments of Echo for actor mesh 'e': "):

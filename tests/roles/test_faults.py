@@ -52,6 +52,10 @@ DETECT_BOUND = 2.0
 POOL_SIGKILL_BOUND = 1.0
 #: A later call to a known-dead process fails before anything is sent.
 AT_ONCE = 0.5
+#: What a call to a failed actor says before the cause (Monarch's phrase, which its users match on)
+GONE = "the actor and all its descendants have failed: "
+#: How a MeshFailure names the failed rank of a one-actor mesh
+RANK0 = r"rank=0 \(gpus=0\) failed, crashed_ranks=\[0\]"
 
 ENV = {
     "MPIMESH_SHUTDOWN_TIMEOUT": "2",
@@ -393,11 +397,12 @@ def check_cell(fault: str, launch: str, adverb: str, row: dict[str, Any]) -> Non
         head = (rf"actor broadcast\[0\]@\d+\.\d+ on {re.escape(row['host'])}: {raised}\n"
                 r"Traceback \(most recent call last\):\n")
         assert re.match(head, failure["cause"]), row
-        assert failure["report"].startswith("actor mesh 'broadcast' (W): rank 0 (gpus=0) failed:\n  "), row
+        assert failure["report"].startswith(
+            "MeshFailure of actor mesh 'broadcast' (W): rank=0 (gpus=0) failed, crashed_ranks=[0]:\n  "), row
         assert failure["seconds"] < DETECT_BOUND, row
         assert row["later_type"] == "SupervisionError", row
-        assert re.fullmatch(rf"actor broadcast\[0\]@\d+\.\d+ cannot take pid\(\): it failed \({raised}\)",
-                            row["later_message"]), row
+        assert re.fullmatch(rf"actor broadcast\[0\]@\d+\.\d+ cannot take pid\(\): it is unhealthy with "
+                            rf"reason: {raised}", row["later_message"]), row
         assert row["later_seconds"] < AT_ONCE, row
         return
     if fault in CRASHES:
@@ -409,18 +414,18 @@ def check_cell(fault: str, launch: str, adverb: str, row: dict[str, Any]) -> Non
             assert row["type"] == "SupervisionError", row
             target = r"stream\.fault\(\)( to rank 0 \(gpus=0\))?" if adverb == "stream" else \
                 rf"{adverb}\.fault\(\) to rank 0 \(gpus=0\)"
-            assert re.fullmatch(rf"{target} failed: {died}", row["message"]), row
+            assert re.fullmatch(rf"Endpoint call {target} failed: {GONE}{died}", row["message"]), row
             assert row["seconds"] < bound, row
         # The owner (here the script: the hook) hears exactly once, with the cause.
         assert len(failures) == 1, row
         failure = failures[0]
         assert (failure["mesh"], failure["ranks"]) == (adverb, [0]), row
-        assert re.fullmatch(rf"actor mesh '{adverb}' \(W\): rank 0 \(gpus=0\) failed:\n  {died}",
+        assert re.fullmatch(rf"MeshFailure of actor mesh '{adverb}' \(W\): {RANK0}:\n  {died}",
                             failure["report"]), row
         assert failure["seconds"] < bound, row
         # Later calls fail at once, without sending; broadcast raises synchronously.
         assert row["later_type"] == "SupervisionError", row
-        assert re.fullmatch(rf"{adverb}\.pid\(\) to rank 0 \(gpus=0\) failed: {died}",
+        assert re.fullmatch(rf"Endpoint call {adverb}\.pid\(\) to rank 0 \(gpus=0\) failed: {GONE}{died}",
                             row["later_message"]), row
         assert row["later_seconds"] < AT_ONCE, row
         assert row["later_broadcast_type"] == "SupervisionError", row
@@ -497,7 +502,7 @@ def test_stream_failure_names_the_rank(tmp_path_factory: pytest.TempPathFactory)
     """A SupervisionError from stream() names the rank and coordinates, like every other adverb's."""
     needs_ulfm()
     row = matrix_job("sigkill", "spawned", tmp_path_factory).rows["stream"]
-    assert row["message"].startswith("stream.fault() to rank 0 (gpus=0) failed: process "), row
+    assert row["message"].startswith(f"Endpoint call stream.fault() to rank 0 (gpus=0) failed: {GONE}process "), row
 
 
 # ---------------------------------------------------------------------------
@@ -532,7 +537,7 @@ def test_default_hook_ends_the_job(launch: str, tmp_path: Path) -> None:
     assert_ended(job, 1, pool_deaths=launch == "pool")
     died = proc_re(launch, job.rows["pid"], CAUSES["sigkill"])
     report = (r"mpimesh: unhandled failure, ending the job:\n"
-              rf"actor mesh 'w' \(W\): rank 0 \(gpus=0\) failed:\n  {died}\n")
+              rf"MeshFailure of actor mesh 'w' \(W\): {RANK0}:\n  {died}\n")
     assert len(re.findall(report, job.stderr)) == 1, job.describe()
     assert "not ended" not in job.stdout
     lost_cause(job.stderr)
@@ -613,9 +618,9 @@ def test_supervise(launch: str, mode: str, tmp_path: Path) -> None:
     assert {"run", "hook", "later", "recover"} <= set(rows), job.describe()
     run_row = rows["run"]
     died = proc_re(launch, run_row, CAUSES["sigkill"])
-    assert re.fullmatch(rf"SupervisionError: child\.fault\(\) to rank 0 \(gpus=0\) failed: {died}",
+    assert re.fullmatch(rf"SupervisionError: Endpoint call child\.fault\(\) to rank 0 \(gpus=0\) failed: {GONE}{died}",
                         run_row["caught"]), job.describe()
-    child = rf"actor mesh 'child' \(W\): rank 0 \(gpus=0\) failed:\n  {died}"
+    child = rf"MeshFailure of actor mesh 'child' \(W\): {RANK0}:\n  {died}"
     failures = rows["hook"]["failures"]
     if mode == "handled":
         assert failures == [], job.describe()
@@ -631,8 +636,9 @@ def test_supervise(launch: str, mode: str, tmp_path: Path) -> None:
         assert failure["seconds"] < DETECT_BOUND, job.describe()
         later = rows["later"]
         assert later["type"] == "SupervisionError", job.describe()
-        assert re.fullmatch(rf"actor owner\[0\]@\d+\.\d+ cannot take pid\(\): it failed \(unhandled failure of its "
-                            rf"mesh 'child'{re.escape(raised)}\)", later["message"]), job.describe()
+        assert re.fullmatch(rf"actor owner\[0\]@\d+\.\d+ cannot take pid\(\): it is unhealthy with reason: "
+                            rf"unhandled failure of its mesh 'child'{re.escape(raised)}", later["message"]), \
+            job.describe()
     assert rows["recover"]["type"] is None, job.describe()
     assert_ended(job, 0, pool_deaths=launch == "pool")
     lost_cause(job.stdout)
@@ -684,12 +690,12 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     pids = rows["pids"]["value"]
     assert rows["sites"]["value"] == pids, job.describe()
     died = proc_re(launch, {"pid": pids[1], "host": rows["pids"]["host"]}, CAUSES[fault])
-    rank1 = r"to rank 1 \(gpus=1\) failed: " + died
+    rank1 = r"to rank 1 \(gpus=1\) failed: " + GONE + died
     # The slice gpus=1 has one dimension left: its only actor is rank 0, with no coordinates.
     kill = rows["kill"]["message"]
-    assert re.fullmatch(rf"pair\.fault\(\) to rank 0 failed: {died}", kill), job.describe()
+    assert re.fullmatch(rf"Endpoint call pair\.fault\(\) to rank 0 failed: {GONE}{died}", kill), job.describe()
     assert rows["whole_call"]["type"] == "SupervisionError", job.describe()
-    assert re.fullmatch(rf"pair\.pid\(\) {rank1}", rows["whole_call"]["message"]), job.describe()
+    assert re.fullmatch(rf"Endpoint call pair\.pid\(\) {rank1}", rows["whole_call"]["message"]), job.describe()
     assert rows["whole_call"]["seconds"] < AT_ONCE, job.describe()
     stream = rows["whole_stream"]["values"]
     assert sorted(str(v["type"]) for v in stream) == ["None", "SupervisionError"], job.describe()
@@ -698,8 +704,8 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     assert re.fullmatch(rf"cannot broadcast pair\.pid\(\): {died}", rows["whole_broadcast"]["message"]), job.describe()
     assert rows["doomed_call_one"]["type"] == "SupervisionError", job.describe()
     assert rows["doomed_call_one"]["seconds"] < AT_ONCE, job.describe()
-    assert re.fullmatch(rf"pair\.pid\(\) to rank 0 failed: {died}", rows["doomed_call_one"]["message"]), \
-        job.describe()
+    expected = rf"Endpoint call pair\.pid\(\) to rank 0 failed: {GONE}{died}"
+    assert re.fullmatch(expected, rows["doomed_call_one"]["message"]), job.describe()
     failures = rows["hook"]["failures"]
     assert (rows["healthy_call_one"]["type"], rows["healthy_call_one"]["value"]) == (None, pids[0]), job.describe()
     assert (rows["healthy_choose"]["type"], rows["healthy_choose"]["value"]) == (None, pids[0]), job.describe()
@@ -740,7 +746,8 @@ def test_silent_worker_is_declared_dead(launch: str, tmp_path: Path) -> None:
     died = proc_re(launch, rows["pid"], silent)
     call = rows["call_one"]
     assert call["type"] == "SupervisionError", job.describe()
-    assert re.fullmatch(rf"w\.fault\(\) to rank 0 \(gpus=0\) failed: {died}", call["message"]), job.describe()
+    expected = rf"Endpoint call w\.fault\(\) to rank 0 \(gpus=0\) failed: {GONE}{died}"
+    assert re.fullmatch(expected, call["message"]), job.describe()
     assert 1.0 <= call["seconds"] < 1.0 + 2 * DETECT_BOUND, job.describe()
     assert [(f["mesh"], f["ranks"]) for f in rows["hook"]["failures"]] == [("w", [0])], job.describe()
     assert rows["later"]["type"] == "SupervisionError" and rows["later"]["seconds"] < AT_ONCE, job.describe()
@@ -788,8 +795,8 @@ def test_job_status_is_the_scripts(mode: str, status: int | None, tmp_path: Path
         row = job.rows.get(f"exit{i}")
         assert row is not None and row["type"] == "SupervisionError", job.describe()
         died = proc_re("pool", row, CAUSES["exit1"])
-        assert re.fullmatch(rf"w{i}\.fault\(\) to rank 0 \(gpus=0\) failed: {died}", row["message"]), \
-            job.describe()
+        expected = rf"Endpoint call w{i}\.fault\(\) to rank 0 \(gpus=0\) failed: {GONE}{died}"
+        assert re.fullmatch(expected, row["message"]), job.describe()
         assert row["seconds"] < DETECT_BOUND, job.describe()
     live = job.rows.get("live", {})
     assert live.get("type") is None and len(live.get("value", [])) == 2, job.describe()

@@ -20,6 +20,6 @@ def test_default_hook_reports_then_raises_system_exit_1(capsys: pytest.CaptureFi
     assert isinstance(raised.value, SystemExit) and raised.value.code == 1
     assert capsys.readouterr().err == (
         "mpimesh: unhandled failure, ending the job:\n"
-        "actor mesh 'w' (W): rank 0 (gpus=0) failed:\n"
+        "MeshFailure of actor mesh 'w' (W): rank=0 (gpus=0) failed, crashed_ranks=[0]:\n"
         "  process 0.1 (pid 7) on node3 died: killed by SIGKILL\n"
     )

@@ -1,0 +1,181 @@
+"""Monarch's remaining public names: concurrent_endpoint, as_endpoint and shutdown_context (issue #14 item 1)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import pytest
+
+from mpimesh import (
+    Actor,
+    Channel,
+    Port,
+    SupervisionError,
+    as_endpoint,
+    concurrent_endpoint,
+    endpoint,
+    shutdown_context,
+    this_host,
+)
+
+if TYPE_CHECKING:
+    from conftest import Faults
+
+mesh = pytest.mark.mesh
+
+
+class Overlapping(Actor):
+    """``wait`` awaits an event that only a later call sets: it needs concurrent calls."""
+
+    def __init__(self, events: Port[str]) -> None:
+        self.events = events
+        self.gates: dict[str, asyncio.Event] = {}
+
+    def _gate(self, key: str) -> asyncio.Event:
+        return self.gates.setdefault(key, asyncio.Event())
+
+    @concurrent_endpoint
+    async def wait(self, key: str) -> str:
+        try:
+            await asyncio.wait_for(self._gate(key).wait(), 30)
+        except asyncio.CancelledError:
+            self.events.send(f"cancelled {key}")
+            raise
+        return f"opened {key}"
+
+    @endpoint
+    async def open(self, key: str) -> None:
+        self._gate(key).set()
+
+    @concurrent_endpoint
+    async def fail(self) -> None:
+        raise ValueError("task failed 21")
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        self.events.send("cleanup")
+
+
+@mesh
+def test_concurrent_endpoint_calls_overlap(one_proc: object) -> None:
+    """A call to a @concurrent_endpoint does not hold the actor: a later call can let it finish."""
+    events, _ = Channel[str].open()
+    actor = one_proc.spawn("overlap", Overlapping, events)  # type: ignore[attr-defined]
+    first = actor.wait.call_one("a")
+    second = actor.wait.call_one("b")
+    actor.open.call_one("b").get(30)
+    assert second.get(30) == "opened b"
+    assert not first.done()
+    actor.open.call_one("a").get(30)
+    assert first.get(30) == "opened a"
+    actor.stop().get(30)
+
+
+@mesh
+def test_stop_cancels_concurrent_calls_before_cleanup(one_proc: object) -> None:
+    """stop() cancels the calls still running (their callers get SupervisionError), then runs __cleanup__."""
+    events, received = Channel[str].open()
+    actor = one_proc.spawn("cancelled", Overlapping, events)  # type: ignore[attr-defined]
+    pending = actor.wait.call_one("never")
+    actor.open.call_one("other").get(30)  # `wait` has started by now: calls start in arrival order
+    actor.stop().get(30)
+    assert [received.recv().get(30), received.recv().get(30)] == ["cancelled never", "cleanup"]
+    with pytest.raises(SupervisionError, match=r"^actor cancelled\[0\]@\d+\.\d+ stopped before wait\(\) finished$"):
+        pending.get(30)
+
+
+@mesh
+def test_exception_escaping_a_concurrent_endpoint_fails_the_actor(one_proc: object, faults: Faults) -> None:
+    """An exception escaping a concurrent call: the caller gets SupervisionError, the owner a MeshFailure."""
+    events, _ = Channel[str].open()
+    actor = one_proc.spawn("failing", Overlapping, events)  # type: ignore[attr-defined]
+    with pytest.raises(SupervisionError, match=r"^actor failing\[0\]@\d+\.\d+ failed: ValueError in fail: "
+                                               r"task failed 21$"):
+        actor.fail.call_one().get(30)
+    (failure,) = faults.wait_for("failing")
+    assert "ValueError in fail: task failed 21" in failure.cause
+    with pytest.raises(SupervisionError, match=r"cannot take open\(\): it is unhealthy with reason: ValueError"):
+        actor.open.call_one("x").get(30)
+    actor.stop().get(30)
+
+
+def test_concurrent_endpoint_misuse() -> None:
+    """@concurrent_endpoint takes only async def methods, and does not stack with @endpoint."""
+
+    def plain(self: object) -> None: ...
+
+    async def coro(self: object) -> None: ...
+
+    with pytest.raises(TypeError, match=r"^@concurrent_endpoint expects an async def method, got "
+                                        r"test_concurrent_endpoint_misuse\.<locals>\.plain; declare it async def, "
+                                        r"or use @endpoint$"):
+        concurrent_endpoint(plain)
+    with pytest.raises(TypeError, match=r"^test_concurrent_endpoint_misuse\.<locals>\.coro is already an "
+                                        r"@endpoint; use one of the two decorators$"):
+        concurrent_endpoint(endpoint(coro))
+
+
+class Plain(Actor):
+    """Methods without @endpoint, reached through as_endpoint()."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def add(self, n: int) -> int:
+        self.total += n
+        return self.total
+
+    def answer_later(self, port: Port[str], word: str) -> None:
+        port.send(f"said {word}")
+
+
+@mesh
+def test_as_endpoint_calls_a_plain_method(procs: object) -> None:
+    """as_endpoint(mesh.method) gives every adverb to a method without @endpoint."""
+    actors = procs.spawn("plain", Plain)  # type: ignore[attr-defined]
+    add = as_endpoint(actors.add)  # type: ignore[attr-defined]
+    assert add.call(2).get(30).values() == [2, 2]
+    assert as_endpoint(actors.slice(gpus=1).add).call_one(3).get(30) == 5  # type: ignore[attr-defined]
+    assert as_endpoint(actors.slice(gpus=0).add).call_one(5).get(30) == 7  # type: ignore[attr-defined]
+    said = as_endpoint(actors.answer_later, explicit_response_port=True)  # type: ignore[attr-defined]
+    assert said.call("hi").get(30).values() == ["said hi", "said hi"]
+    assert as_endpoint(actors.ping) is actors.ping  # type: ignore[attr-defined]
+    actors.stop().get(30)
+
+
+def test_as_endpoint_misuse() -> None:
+    """as_endpoint() names what it takes."""
+    with pytest.raises(TypeError, match=r"^as_endpoint expects a method of an actor mesh, got 3; pass mesh.method, "
+                                        r"e\.g\. as_endpoint\(trainers\.step\)$"):
+        as_endpoint(3)
+
+
+class Tidy(Actor):
+    def __init__(self, said: Port[str]) -> None:
+        self.said = said
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        self.said.send("cleanup")
+
+
+@mesh
+def test_shutdown_context_stops_every_mesh_this_process_spawned() -> None:
+    """shutdown_context() stops the process meshes not stopped yet (their actors clean up); twice is harmless."""
+    said, heard = Channel[str].open()
+    first = this_host().spawn_procs(per_host={"gpus": 1})
+    second = this_host().spawn_procs(per_host={"gpus": 1})
+    actors = [first.spawn("tidy", Tidy, said), second.spawn("tidy", Tidy, said)]
+    assert [a.ping.call_one().get(30) for a in actors] == ["pong", "pong"]  # type: ignore[attr-defined]
+    assert shutdown_context().get(60) is None
+    assert [heard.recv().get(30), heard.recv().get(30)] == ["cleanup", "cleanup"]
+    with pytest.raises(RuntimeError, match=r"^cannot spawn on ProcMesh\(gpus=1\) after stop\(\)"):
+        first.spawn("again", Tidy, said)
+    assert shutdown_context().get(10) is None

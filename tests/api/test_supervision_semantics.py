@@ -1,0 +1,166 @@
+"""Monarch's supervision contract, case by case (issue #14 items 2, 6, 9 and 10).
+
+Each test pins one row of the fault matrix in
+``../shared/reference/monarch-api.md`` §1.11: who hears of a failure, what a
+waiting caller gets, and that nothing waits unbounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import TYPE_CHECKING
+
+import pytest
+
+from mpimesh import Actor, Channel, MeshFailure, Port, SupervisionError, endpoint, this_proc
+
+if TYPE_CHECKING:
+    from conftest import Faults
+
+pytestmark = pytest.mark.mesh
+
+
+class Replier(Actor):
+    """Answers through an explicit response port, or raises before it does."""
+
+    @endpoint(explicit_response_port=True)
+    def answer(self, port: Port[str], fail: bool) -> None:
+        if fail:
+            raise ValueError("no answer 11")
+        port.send("answered")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_explicit_port_endpoint_that_raises_fails_the_actor_and_the_caller(
+    one_proc: object, faults: Faults
+) -> None:
+    """An exception escaping an explicit-response-port endpoint: the caller gets SupervisionError, the owner a
+    MeshFailure, and the actor takes no more calls."""
+    mesh = one_proc.spawn("replier", Replier)  # type: ignore[attr-defined]
+    assert mesh.answer.call_one(False).get(30) == "answered"
+    with pytest.raises(
+        SupervisionError,
+        match=r"^actor replier\[0\]@\d+\.\d+ failed: ValueError in answer: no answer 11$",
+    ):
+        mesh.answer.call_one(True).get(30)
+    (failure,) = faults.wait_for("replier")
+    assert failure.crashed_ranks == [0]
+    assert "ValueError in answer: no answer 11" in failure.cause
+    with pytest.raises(SupervisionError, match=r"cannot take ping\(\): it is unhealthy with reason: ValueError in "):
+        mesh.ping.call_one().get(30)
+
+
+class SlowStart(Actor):
+    """Says it started, then waits in __init__ for the test's word (Monarch: spawn does not block)."""
+
+    def __init__(self, started: Port[Port[str]]) -> None:
+        release, release_rx = Channel[str].open()
+        started.send(release)  # "in __init__", and how to let it go on
+        self.word = release_rx.recv().get(60)  # blocks __init__ until the test answers
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_spawn_returns_before_init_and_stop_ends_an_init_that_has_not_returned(one_proc: object) -> None:
+    """spawn() returns while __init__ runs (its side effects happen), and stop() of that actor completes."""
+    started, started_rx = Channel[Port[str]].open()
+    mesh = one_proc.spawn("slow", SlowStart, started)  # type: ignore[attr-defined]
+    release = started_rx.recv().get(30)  # __init__ is running
+    with pytest.raises(TimeoutError):
+        mesh.initialized.get(0.2)
+    queued = mesh.ping.call_one()  # waits behind __init__
+    mesh.stop().get(10)
+    with pytest.raises(SupervisionError, match=r"^actor slow\[0\]@\d+\.\d+ was stopped before its __init__ "
+                                               r"returned \(stopped by client\)$"):
+        mesh.initialized.get(10)
+    release.send("go")  # __init__ returns now: the actor runs nothing else
+    with pytest.raises(SupervisionError, match=r"^actor slow\[0\]@\d+\.\d+ cannot take ping\(\): it was stopped before "
+                                               r"its __init__ returned \(stopped by client\)$"):
+        queued.get(10)
+
+
+class Failing(Actor):
+    @endpoint
+    def fail(self) -> None:
+        raise ValueError("child failed 12")
+
+
+class BusyOwner(Actor):
+    """An async owner whose endpoint awaits the failure of the mesh it spawned."""
+
+    def __init__(self) -> None:
+        self.failed = asyncio.Event()
+        self.seen: list[str] = []
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.seen.append(failure.report())
+        self.failed.set()
+        return True
+
+    @endpoint
+    async def spawn_and_wait(self) -> list[str]:
+        self.child = this_proc().spawn("child", Failing)
+        self.child.fail.broadcast()
+        # Monarch delivers supervision while an async endpoint awaits: this
+        # endpoint is still running when __supervise__ sets the event.
+        await asyncio.wait_for(self.failed.wait(), 30)
+        return self.seen
+
+
+def test_supervise_reaches_an_async_owner_while_its_endpoint_awaits(one_proc: object, faults: Faults) -> None:
+    """A failure of an owned mesh reaches __supervise__ of an async owner that is busy awaiting it."""
+    owner = one_proc.spawn("busy", BusyOwner)  # type: ignore[attr-defined]
+    (report,) = owner.spawn_and_wait.call_one().get(60)
+    assert re.match(r"MeshFailure of actor mesh 'child' \(Failing\): rank=0 failed, crashed_ranks=\[0\]:\n"
+                    r"  actor child\[0\]@\d+\.\d+ on \S+: ValueError in fail: child failed 12\n", report), report
+    assert faults.failures == []  # handled by the owner: nothing reached the controller
+    owner.stop().get(30)
+
+
+class BadChildInit(Actor):
+    def __init__(self) -> None:
+        raise KeyError("missing config 13")
+
+
+class InitOwner(Actor):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.seen.append(f"{failure.mesh_name} {failure.crashed_ranks} {failure.cause.splitlines()[0]}")
+        return True
+
+    @endpoint
+    def spawn_bad(self) -> str:
+        self.child = this_proc().spawn("badchild", BadChildInit)
+        try:
+            self.child.initialized.get(30)
+        except Exception as exc:
+            return type(exc).__name__
+        return "initialized"
+
+    @endpoint
+    def seen_failures(self) -> list[str]:
+        return list(self.seen)
+
+
+def test_init_failure_reaches_the_owners_supervise(one_proc: object, faults: Faults) -> None:
+    """An actor whose __init__ raises is a supervision event for the actor that spawned it."""
+    owner = one_proc.spawn("initowner", InitOwner)  # type: ignore[attr-defined]
+    assert owner.spawn_bad.call_one().get(60) == "ActorError"
+    seen: list[str] = []
+    for _ in range(100):  # the owner takes the failure after spawn_bad returns (sync actor: mailbox order)
+        seen = owner.seen_failures.call_one().get(30)
+        if seen:
+            break
+    assert len(seen) == 1 and re.fullmatch(
+        r"badchild \[0\] actor badchild\[0\]@\d+\.\d+ on \S+: KeyError in __init__: 'missing config 13'", seen[0]
+    ), seen
+    assert faults.failures == []
+    owner.stop().get(30)
