@@ -13,6 +13,7 @@ import os
 import runpy
 import sys
 import traceback
+from collections.abc import Callable
 
 _USAGE = """usage: python -m mpimesh script.py [args...]
        python -m mpimesh -m module [args...]
@@ -43,7 +44,13 @@ def _parse(argv: list[str]) -> tuple[str, str, list[str]]:
     return "path", argv[0], argv[1:]
 
 
-def _run(kind: str, target: str, args: list[str]) -> int:
+def _run(kind: str, target: str, args: list[str], failed: Callable[[], bool] = lambda: False) -> int:
+    """Run the script; returns its exit status.
+
+    ``failed()`` says whether an unhandled failure interrupted it: the
+    KeyboardInterrupt it gets then means status 1, and the failure's report
+    has been printed already.
+    """
     try:
         if kind == "path":
             sys.argv = [target, *args]
@@ -57,6 +64,9 @@ def _run(kind: str, target: str, args: list[str]) -> int:
     except SystemExit as exc:
         return _exit_code(exc)
     except KeyboardInterrupt:
+        if failed():
+            print("mpimesh: the script was interrupted by the unhandled failure above", file=sys.stderr, flush=True)
+            return 1
         traceback.print_exc()
         return 130
     except BaseException:
@@ -100,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from ._roles.boot import boot_controller
 
     controller = boot_controller(world)
-    code = _run(kind, target, args)
+    code = _run(kind, target, args, lambda: controller.failed_unhandled)
     sys.stdout.flush()
     return controller.leave(code)
 

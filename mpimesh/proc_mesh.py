@@ -270,6 +270,7 @@ class HostMesh(MeshTrait):
         shape = Shape.row_major(self._shape.labels + tuple(dims), self._shape.sizes + tuple(dims.values()))
         procs = ProcMesh(shape, tuple(addrs), tuple(hosts), key=key, owned=True)
         _LIVE[key] = procs
+        _calls.own_procs(procs.stop)
         if bootstrap is not None:
             boot = procs.spawn("_bootstrap", _Bootstrap, bootstrap)
             try:

@@ -74,9 +74,12 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     """Print the failure and end the whole job with exit status 1.
 
     It raises :class:`Unhandled` (a ``SystemExit(1)``); the controller, which
-    runs the hook, then stops every worker (bounded by
-    ``MPIMESH_SHUTDOWN_TIMEOUT``), so no process is left behind, and exits.
-    Replace it by assigning ``mpimesh.unhandled_fault_hook = my_hook``.
+    runs the hook, then interrupts the script's main thread with a
+    ``KeyboardInterrupt`` (Monarch's way), so that its ``finally`` blocks and
+    ``atexit`` handlers run as it leaves; every worker is stopped and the job
+    exits 1.  A script that has not begun to leave within
+    ``MPIMESH_SHUTDOWN_TIMEOUT`` is ended at once, so no process is left
+    behind.  Replace the hook by assigning ``mpimesh.unhandled_fault_hook = my_hook``.
 
     Raises:
         Unhandled: always.

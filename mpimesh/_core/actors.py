@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..config import settings
 from ..context import Context, Instance, _context_var
 from ..errors import MeshInternalError
 from ..shape import Extent, Point
@@ -39,6 +40,10 @@ if TYPE_CHECKING:
     from ..supervision import MeshFailure
 
 __all__ = ["ActorHost"]
+
+#: Stops the meshes an actor spawned and returns the stops' futures
+#: (``calls.stop_owned``, set by that module: it sits above this one).
+stop_owned: Callable[[object, str], list[Any]] | None = None
 
 Addr = tuple[int, int]
 #: A message point as it travels: ``(rank, labels, sizes)``.
@@ -146,11 +151,13 @@ class _Supervise:
 class _Stop:
     """Stop after the items before this one; ``done()`` runs once the actor has stopped."""
 
-    __slots__ = ("reason", "done")
+    __slots__ = ("reason", "done", "owned")
 
-    def __init__(self, reason: str, done: Callable[[], None] | None) -> None:
+    def __init__(self, reason: str, done: Callable[[], None] | None, owned: bool = True) -> None:
         self.reason = reason
         self.done = done
+        #: stop the meshes the actor spawned first (not when the whole job ends: they stop anyway)
+        self.owned = owned
 
 
 _Item = _Init | _Call | _SiteCall | _Supervise | _Stop
@@ -233,7 +240,7 @@ class _Actor:
         """Stop after the messages already in the mailbox (``Instance.stop``)."""
         self.put(_Stop(reason, None))
 
-    def stop(self, reason: str, done: Callable[[], None]) -> None:
+    def stop(self, reason: str, done: Callable[[], None], owned: bool = True) -> None:
         """Stop after the messages already in the mailbox; ``done()`` runs once stopped.
 
         An actor whose ``__init__`` has not returned (it may never) is let go
@@ -248,7 +255,7 @@ class _Actor:
                 self.state = "stopped"
                 self.stop_reason = reason
         if not abandon:
-            self.put(_Stop(reason, done))
+            self.put(_Stop(reason, done, owned))
             return
         self.host.forget(self.key, reason)
         # Calls waiting behind __init__ are refused now, not when (if ever) it returns.
@@ -498,6 +505,8 @@ class _Actor:
 
     def _cleanup_then_stop(self, item: _Stop, pending: list[Any] | None) -> bool:
         done = item.done
+        if item.owned:
+            self._stop_owned()
         cleanup = getattr(self.instance, "__cleanup__", None)
         if cleanup is not None:
             token = _context_var.set(Context(self.identity, self.point))
@@ -521,6 +530,18 @@ class _Actor:
                 _context_var.reset(token)
         self._stopped(done)
         return False
+
+    def _stop_owned(self) -> None:
+        # The meshes this actor spawned stop first, bottom-up (Monarch), bounded.
+        if stop_owned is None:
+            return
+        stops = stop_owned(self, f"its owner {self.actor_id} stopped")
+        deadline = time.monotonic() + settings.cleanup_timeout
+        for stop in stops:
+            try:
+                stop.get(max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                print(f"mpimesh: actor {self.actor_id} stopping what it owns: {exc}", file=sys.stderr, flush=True)
 
     # -- calling endpoints ---------------------------------------------------
 
@@ -702,6 +723,13 @@ class _Actor:
     def _stopped(self, done: Callable[[], None] | None) -> None:
         if self.state != "failed":
             self.state = "stopped"
+        # Let go of the user's object now (its __del__ runs, as when a
+        # Monarch actor stops), not when the cycle through `identity` is collected.
+        self.instance = None
+        self._bound.clear()
+        for site in list(self.host.sites.values()):
+            if site.key == self.key:
+                site.fn = None  # the bound method holds the object
         self.host.forget(self.key, self.stop_reason or "stopped")
         if done is not None:
             done()
@@ -807,8 +835,12 @@ class ActorHost:
         if port is not None:
             self.runtime.reply(port, index, Status.OK, None)
 
-    def stop_all(self, reason: str, done: Callable[[], Any]) -> list[_Actor]:
-        """Stop every actor; ``done()`` runs once all have stopped."""
+    def stop_all(self, reason: str, done: Callable[[], Any], owned: bool = True) -> list[_Actor]:
+        """Stop every actor; ``done()`` runs once all have stopped.
+
+        ``owned``: each actor first stops the meshes it spawned; not when the
+        whole job ends, which stops them all anyway.
+        """
         with self.lock:
             actors = list(self.live.values())
         if not actors:
@@ -825,7 +857,7 @@ class ActorHost:
                 done()
 
         for actor in actors:
-            actor.stop(reason, one_done)
+            actor.stop(reason, one_done, owned)
         return actors
 
     def forget(self, key: Key, reason: str) -> None:

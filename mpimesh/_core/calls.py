@@ -31,6 +31,7 @@ from ..context import context
 from ..errors import SupervisionError
 from ..future import Future
 from ..shape import Shape
+from . import actors as _actors
 from . import current as _current
 from . import ports as _ports
 from . import protocol
@@ -210,16 +211,7 @@ class MeshRef:
 
         The mesh's failures are no longer reported from then on.
         """
-        rt = _current.current()
-        rt.owned.pop(self.key, None)
-        fut: Future[None] = Future(f"{what}.stop()")
-        targets = self.targets
-        waiting = Gather(fut, f"{what}.stop", self.shape, targets, values=False)
-        pid = rt.ports.open(waiting)
-        port = (rt.addr, pid)
-        for rank, addr in enumerate(targets):
-            _post(rt, addr, protocol.stop(self.key, port, rank, reason), _NO_BUFFERS, waiting, pid)
-        return fut
+        return _stop_mesh(_current.current(), self.key, what, self.shape, list(self.targets), reason)
 
     def cast(
         self, method: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -347,6 +339,45 @@ def named_actor(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, An
     return _current.current().role.named_actor(name, body)
 
 
+def _stop_mesh(rt: Any, key: Key, what: str, shape: Shape, targets: list[Addr], reason: str) -> Future[None]:
+    # STOP to every actor of mesh `key`; the future is done once all have answered.
+    rt.owned.pop(key, None)
+    fut: Future[None] = Future(f"{what}.stop()")
+    waiting = Gather(fut, f"{what}.stop", shape, targets, values=False)
+    pid = rt.ports.open(waiting)
+    port = (rt.addr, pid)
+    for rank, addr in enumerate(targets):
+        _post(rt, addr, protocol.stop(key, port, rank, reason), _NO_BUFFERS, waiting, pid)
+    return fut
+
+
+#: owner actor -> the stop() of each process mesh it spawned (see own_procs)
+_owned_procs: dict[object, list[Callable[[str], Future[None]]]] = {}
+
+
+def own_procs(stop: Callable[[str], Future[None]]) -> None:
+    """Record a process mesh the calling actor spawned: it stops with the actor (see stop_owned)."""
+    owner = context().actor_instance._actor
+    if owner is not None:
+        _owned_procs.setdefault(owner, []).append(stop)
+
+
+def stop_owned(owner: object, reason: str) -> list[Future[None]]:
+    """Stop the actor meshes, then the process meshes, that ``owner`` spawned and has not stopped.
+
+    Monarch's rule: an actor that stops stops what it owns first, so their
+    ``__cleanup__`` runs before its own.  Returns the stops' futures.
+    """
+    rt = _current.current()
+    stops = [
+        _stop_mesh(rt, key, owned.name, owned.shape, list(owned.addrs), reason)
+        for key, owned in list(rt.owned.items())
+        if owned.owner is owner
+    ]
+    stops += [stop(reason) for stop in _owned_procs.pop(owner, [])]
+    return stops
+
+
 def release_procs(addrs: list[Addr], reason: str) -> Future[None]:
     """Give processes back (their actors are stopped first); done once they are."""
     return _current.current().role.release(addrs, reason)
@@ -362,3 +393,4 @@ def open_channel(once: bool, ranked: bool) -> tuple[Port[Any], PortReceiver[Any]
 
 # A Port that arrived in a message sends through this process's runtime.
 _ports.current = _current.current
+_actors.stop_owned = stop_owned

@@ -11,6 +11,7 @@ the job if a launch-pool worker does not answer.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
@@ -93,6 +94,12 @@ class Controller(BaseRole):
         )
         self._closed = False
         self._supervisor = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-supervisor")
+        #: an unhandled failure is ending the job (see _end_job): it exits 1
+        self.failed_unhandled = False
+        # set once the script's thread has begun to leave (see _end_job)
+        self._leaving = threading.Event()
+        # leave() runs from atexit (an embedded controller): atexit is already running
+        self._at_exit = False
         self.printer = Printer(settings.log_fold)
         self.fault_tolerant = fault_tolerant()
         # declared dead on another host without proof: only an Abort ends them
@@ -316,7 +323,31 @@ class Controller(BaseRole):
         members = self._stop_island(island, code)
         clean = self.rt.wait(lambda: self._all_left(members), self.cond, settings.shutdown_timeout)
         self._drop_island(island, members, clean)
+        if clean:
+            # stop() is done once the processes are gone: their interpreters
+            # have finalized (module globals' __del__, as in Monarch) and
+            # their memory, GPU memory included, is free.
+            self._wait_exited([self.procs[a] for a in members], settings.shutdown_timeout)
         return clean
+
+    def _wait_exited(self, procs: list[ProcInfo], timeout: float) -> None:
+        # Bounded wait for the exit of those of `procs` on this host (a pidfd each).
+        fds = []
+        for proc in procs:
+            if proc.pid and proc.host == self.rt.host and hasattr(os, "pidfd_open"):
+                try:
+                    fds.append(os.pidfd_open(proc.pid))
+                except OSError:
+                    pass  # gone already
+        deadline = time.monotonic() + timeout
+        try:
+            for fd in fds:
+                if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                    warn(f"a stopped process did not exit within {timeout:g} s (MPIMESH_SHUTDOWN_TIMEOUT)")
+                    break
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def _stop_island(self, island: int, code: int) -> list[Addr]:
         """Send SHUTDOWN to an island's live processes; returns its members."""
@@ -503,8 +534,31 @@ class Controller(BaseRole):
         self._end_job()
 
     def _end_job(self) -> None:
-        # An unhandled failure: stop every worker (bounded), then leave at
-        # once with status 1: the script's threads may be blocked anywhere.
+        # An unhandled failure ends the job as Monarch's default hook does:
+        # a KeyboardInterrupt in the main thread, so that the script's
+        # `finally` blocks and atexit handlers run, and the job exits 1
+        # (leave).  A script that has not begun to leave within
+        # MPIMESH_SHUTDOWN_TIMEOUT (it caught the interrupt, it is stuck in
+        # C code, SIGINT is ignored) is ended from here, at once.
+        self.failed_unhandled = True
+        if self._leaving.is_set():
+            return  # the script has ended: leave() is stopping the job, and exits 1
+        main = threading.main_thread()
+        if (main.is_alive() and main is not threading.current_thread() and main.ident is not None
+                and callable(signal.getsignal(signal.SIGINT))):
+            signal.pthread_kill(main.ident, signal.SIGINT)
+            # A daemon thread waits: the interpreter's exit joins the supervisor's.
+            threading.Thread(target=self._end_unless_leaving, name="mpimesh-end-job", daemon=True).start()
+            return
+        self._end_now()
+
+    def _end_unless_leaving(self) -> None:
+        if not self._leaving.wait(settings.shutdown_timeout):
+            self._end_now()
+
+    def _end_now(self) -> None:
+        # Stop every worker (bounded), then leave at once with status 1: the
+        # script's threads may be blocked anywhere.
         try:
             self.shutdown(1)
         except BaseException:
@@ -525,7 +579,7 @@ class Controller(BaseRole):
             return True
         self._closed = True
         rt = self.rt
-        cells = rt.actors.stop_all("controller exit", lambda: None)
+        cells = rt.actors.stop_all("controller exit", lambda: None, owned=False)
         rt.actors.wait_stopped(cells, settings.cleanup_timeout)
         # Every island and the pool stop at once: one bound for the whole job,
         # not one per island (a spawned run can have dozens).
@@ -571,7 +625,12 @@ class Controller(BaseRole):
             the launcher already holds ``code`` as the job's status
             (``_job_status``).
         """
+        self._leaving.set()
         clean = self.shutdown(code)
+        if self.failed_unhandled:
+            # the KeyboardInterrupt of _end_job, what the script made of it,
+            # or a failure that reached the default hook as the job ended
+            code = code or 1
         sys.stdout.flush()
         sys.stderr.flush()
         status = self._status(code, clean)
@@ -579,12 +638,32 @@ class Controller(BaseRole):
         if not clean or self.unconfirmed:
             MPI.COMM_WORLD.Abort(status)
         if self.rt.dead and library().startswith("Open MPI"):
+            # MPI_Finalize could spin forever: leave now, after what a
+            # normal exit runs (unless atexit is what is running this).
+            if not self._at_exit:
+                _run_atexit()
             os._exit(own)
         return own
 
     def shutdown_at_exit(self) -> None:
-        """Atexit hook of an embedded controller (``python script.py``)."""
+        """Atexit hook of an embedded controller (``python script.py``).
+
+        After an unhandled failure the script ends as Python ends on an
+        uncaught KeyboardInterrupt (status 130), once the other atexit
+        handlers have run.
+        """
+        self._at_exit = True
         self.leave(0)
+
+
+def _run_atexit() -> None:
+    # The script's atexit handlers, once: after this the process ends with os._exit.
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
 
 
 #: PRRTE settings that let a spawned job outlive one of its processes (issue #3).

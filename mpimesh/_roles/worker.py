@@ -149,7 +149,7 @@ class Worker(BaseRole):
         rt = self.rt
         self.forwarders = install_forwarders(rt)
         self._loop(_WATCH_PERIOD, self._watch_controller)
-        cells = rt.actors.stop_all("job shutdown", lambda: None)
+        cells = rt.actors.stop_all("job shutdown", lambda: None, owned=False)
         stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
         if not stuck:
             rt.actors.join_threads(1.0)
@@ -232,15 +232,13 @@ def finish(code: int, dead: bool) -> int:
     faulthandler.dump_traceback_later(8.0, exit=True)
     if dead and not mpich:
         os._exit(code)
-    try:
-        MPI.Finalize()
-    finally:
-        if not mpich:
-            os._exit(code)  # fast: nothing left to run
-        # MPICH's Hydra kills the whole job when a rank ends with _exit()
-        # after MPI_Finalize (its exit handlers must run): leave through the
-        # interpreter's exit; the watchdog covers a shutdown that hangs on a
-        # thread stuck in C code.
+    MPI.Finalize()
+    # Leave through the interpreter's exit, as a plain Python program does:
+    # module globals are finalized (their __del__ run, as Monarch's do when
+    # a process mesh stops) and atexit handlers run.  MPICH's Hydra also
+    # needs it: it kills the whole job when a rank ends with _exit() after
+    # MPI_Finalize.  The watchdogs above bound a shutdown that hangs on a
+    # thread stuck in C code.
     return code
 
 

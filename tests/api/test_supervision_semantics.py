@@ -12,8 +12,9 @@ import re
 from typing import TYPE_CHECKING
 
 import pytest
+from mpitest import spawning
 
-from mpimesh import Actor, Channel, MeshFailure, Port, SupervisionError, endpoint, this_proc
+from mpimesh import Actor, Channel, MeshFailure, Port, SupervisionError, endpoint, this_host, this_proc
 
 if TYPE_CHECKING:
     from conftest import Faults
@@ -164,3 +165,45 @@ def test_init_failure_reaches_the_owners_supervise(one_proc: object, faults: Fau
     ), seen
     assert faults.failures == []
     owner.stop().get(30)
+
+
+class Level(Actor):
+    """Spawns the level below it (and, at the top, a process mesh of its own); says when it cleans up."""
+
+    def __init__(self, said: Port[str], tag: str, depth: int, own_procs: bool = False) -> None:
+        self.said = said
+        self.tag = tag
+        if depth > 0:
+            self.below = this_proc().spawn(f"level{depth - 1}", Level, said, f"level{depth - 1}", depth - 1)
+            self.below.initialized.get(30)
+        if own_procs:
+            self.procs = this_host().spawn_procs(per_host={"gpus": 1})
+            self.far = self.procs.spawn("far", Level, said, "far", 0)
+            self.far.initialized.get(30)
+
+    @endpoint
+    def ping(self) -> str:
+        return self.tag
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        self.said.send(f"cleanup {self.tag}")
+
+    def __del__(self) -> None:
+        self.said.send(f"deleted {self.tag}")
+
+
+def test_stopping_a_mesh_stops_what_its_actors_own_bottom_up(one_proc: object) -> None:
+    """stop() of a mesh stops the meshes its actors spawned first (recursively), then cleans up the actor."""
+    said, heard = Channel[str].open()
+    top = one_proc.spawn("top", Level, said, "top", 2, True)  # type: ignore[attr-defined]
+    with spawning():
+        top.initialized.get(60)
+    top.stop().get(60)
+    events = [heard.recv().get(30) for _ in range(8)]
+    cleanups = [e for e in events if e.startswith("cleanup")]
+    assert sorted(cleanups) == ["cleanup far", "cleanup level0", "cleanup level1", "cleanup top"], events
+    assert cleanups.index("cleanup level0") < cleanups.index("cleanup level1") < cleanups.index("cleanup top"), events
+    assert cleanups.index("cleanup far") < cleanups.index("cleanup top"), events
+    # each actor's object is let go once it has stopped: its __del__ runs after its own cleanup
+    for tag in ("far", "level0", "level1", "top"):
+        assert events.index(f"cleanup {tag}") < events.index(f"deleted {tag}"), events

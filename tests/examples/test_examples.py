@@ -33,3 +33,16 @@ def test_ping_pong(launch: str) -> None:
     assert "ping[1]: ['pong 0 from pong[1]', 'pong 1 from pong[1]', 'pong 2 from pong[1]']" in result.stdout
     assert "async: ['pong 0 from pong[1]', 'pong 1 from pong[1]']" in result.stdout
     assert result.orphans == []
+
+
+@pytest.mark.parametrize("launch", ["mpirun4", "spawned"])
+def test_grpo_pipeline(launch: str) -> None:
+    """grpo_pipeline: send(), a concurrent buffer and RDMA weights train the bandit policy to full accuracy."""
+    script = str(ROOT / "examples" / "grpo_pipeline.py")
+    cmd = python_cmd(script)
+    if launch == "mpirun4":
+        cmd = mpiexec_cmd(4, *python_cmd("-m", "mpimesh", script))
+    result = run(cmd, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "rollouts 1920; greedy accuracy 1.00 OK" in result.stdout, result.stdout
+    assert result.orphans == []

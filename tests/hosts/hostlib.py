@@ -183,7 +183,9 @@ class Hook:
 
 
 def emit(**row):
-    print("ROW " + json.dumps(row), flush=True)
+    # one write with its newline: a KeyboardInterrupt (the default hook) cannot split the line
+    sys.stdout.write("ROW " + json.dumps(row) + "\n")
+    sys.stdout.flush()
 
 
 def outcome(fn):

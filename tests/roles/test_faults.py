@@ -215,13 +215,17 @@ class Hook:
 
 
 def emit(**row):
-    print("ROW " + json.dumps(row), flush=True)
+    # one write with its newline: a KeyboardInterrupt (the default hook) cannot split the line
+    sys.stdout.write("ROW " + json.dumps(row) + "\n")
+    sys.stdout.flush()
 
 
 def outcome(fn):
     start = time.monotonic()
     try:
         value = fn()
+    except KeyboardInterrupt:
+        raise  # the default hook ending the job: the script must see it
     except BaseException as exc:
         row = {"type": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
         if isinstance(exc, ActorError):
@@ -512,12 +516,17 @@ DEFAULT_HOOK = PREAMBLE + r'''
 mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("w", W)
 pid = mesh.pid.call_one().get(30)
 emit(adverb="pid", pid=pid, host=HOST)
-fut = mesh.fault.call_one("hang")
-print("END", flush=True)  # from here on the job must end by itself, promptly
-os.kill(pid, signal.SIGKILL)
-emit(adverb="call_one", **outcome(lambda: fut.get(10)))
-threading.Event().wait(60)  # the default hook ends the job before this returns
-print("not ended", flush=True)
+import atexit
+atexit.register(lambda: print("atexit ran", flush=True))
+try:
+    fut = mesh.fault.call_one("hang")
+    print("END", flush=True)  # from here on the job must end by itself, promptly
+    os.kill(pid, signal.SIGKILL)
+    emit(adverb="call_one", **outcome(lambda: fut.get(10)))
+    threading.Event().wait(60)  # the default hook ends the job before this returns
+    print("not ended", flush=True)
+finally:
+    print("finally ran", flush=True)
 '''
 
 
@@ -527,7 +536,8 @@ def test_default_hook_ends_the_job(launch: str, tmp_path: Path) -> None:
 
     The script catches the SupervisionError (when it gets it before the hook
     ends the process): catching it does not stop the default hook (Monarch's
-    behaviour).
+    behaviour).  The end reaches the script as a KeyboardInterrupt, as in
+    Monarch: its `finally` blocks and atexit handlers run.
     """
     needs_ulfm()
     path = tmp_path / "job.py"
@@ -540,7 +550,99 @@ def test_default_hook_ends_the_job(launch: str, tmp_path: Path) -> None:
               rf"MeshFailure of actor mesh 'w' \(W\): {RANK0}:\n  {died}\n")
     assert len(re.findall(report, job.stderr)) == 1, job.describe()
     assert "not ended" not in job.stdout
+    assert job.stdout.count("finally ran") == 1 and job.stdout.count("atexit ran") == 1, job.describe()
+    assert "mpimesh: the script was interrupted by the unhandled failure above" in job.stderr, job.describe()
     lost_cause(job.stderr)
+
+
+FINALIZERS = PREAMBLE + r'''
+import finmod
+
+
+class Keeper(W):
+    @endpoint
+    def keep(self, path):
+        import finmod
+        finmod.KEPT.append(finmod.Noted(path, "module global"))
+        return os.getpid()
+
+
+procs = this_host().spawn_procs(per_host={"gpus": 1})
+keeper = procs.spawn("keeper", Keeper)
+emit(adverb="pid", pid=keeper.keep.call_one(sys.argv[1]).get(30))
+procs.stop().get(30)
+emit(adverb="after_stop", notes=open(sys.argv[1]).read() if os.path.exists(sys.argv[1]) else None)
+print("END", flush=True)
+'''
+
+FINMOD = r'''
+KEPT = []
+
+
+class Noted:
+    def __init__(self, path, what):
+        # open now: late in an interpreter's exit, builtins such as open() are gone
+        self.file, self.what = open(path, "a"), what
+
+    def __del__(self):
+        self.file.write(f"{self.what} finalized\n")
+        self.file.close()
+'''
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_worker_interpreters_finalize_module_globals(launch: str, tmp_path: Path) -> None:
+    """A worker ends like a Python program: its module globals are finalized (their __del__ runs).
+
+    A spawned process ends when its mesh stops, before stop() is done; a
+    launch-pool process is reused, and ends with the job.
+    """
+    (tmp_path / "finmod.py").write_text(FINMOD)
+    path = tmp_path / "job.py"
+    path.write_text(FINALIZERS)
+    notes = tmp_path / "notes.txt"
+    job = run_job(job_cmd(launch, path, str(notes), n=2), timeout=60)
+    assert_ended(job, 0, pool_deaths=False)
+    assert notes.read_text() == "module global finalized\n", job.describe()
+    after_stop = job.rows["after_stop"]["notes"]
+    assert after_stop == ("module global finalized\n" if launch == "spawned" else ""), job.describe()
+
+
+AT_EXIT = PREAMBLE + r'''
+import atexit
+atexit.register(lambda: print("atexit ran", flush=True))
+if sys.argv[1] == "custom":
+    mpimesh.unhandled_fault_hook = lambda failure: print(f"hook {failure.mesh_name}", flush=True)
+
+
+class Late(W):
+    @endpoint
+    def late(self):
+        raise ValueError("failed as the script ended")
+
+
+mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("late", Late)
+mesh.late.broadcast()
+print("END", flush=True)  # the script ends before the failure reaches the controller, most times
+'''
+
+
+@pytest.mark.parametrize("hook", ["custom", "default"])
+def test_failure_found_as_the_script_ends_reaches_the_hook_once(hook: str, tmp_path: Path) -> None:
+    """A failure that arrives while the job ends still reaches unhandled_fault_hook, exactly once.
+
+    The default hook makes the job's status 1; atexit handlers run either way.
+    """
+    path = tmp_path / "job.py"
+    path.write_text(AT_EXIT)
+    job = run_job(job_cmd("pool", path, hook, n=2), timeout=60)
+    assert_ended(job, 0 if hook == "custom" else 1, pool_deaths=False)
+    assert job.stdout.count("atexit ran") == 1, job.describe()
+    if hook == "custom":
+        assert job.stdout.count("hook late") == 1, job.describe()
+    else:
+        report = "mpimesh: unhandled failure, ending the job:\nMeshFailure of actor mesh 'late' (Late): "
+        assert job.stderr.count(report) == 1, job.describe()
 
 
 SUPERVISE = PREAMBLE + r'''
