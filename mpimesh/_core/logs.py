@@ -90,6 +90,8 @@ class Forwarder(io.TextIOBase):
         self._partial: dict[int, str] = {}
         self._queue: deque[tuple[str, str]] = deque()
         self._lock = threading.Lock()
+        # once the worker leaves (MPI is finalizing or gone): lines go to the process's own stream
+        self._local = False
 
     @property
     def encoding(self) -> str:  # type: ignore[override]
@@ -120,6 +122,15 @@ class Forwarder(io.TextIOBase):
             self.drain()
         return len(text)
 
+    def go_local(self) -> None:
+        """Send what is queued, then write to the process's own stream (the launcher forwards it).
+
+        For a worker about to finalize MPI: a ``print`` in a ``__del__`` or an
+        ``atexit`` handler later on must not call MPI.
+        """
+        self.flush()
+        self._local = True
+
     def flush(self) -> None:
         who = threading.get_ident()
         with self._lock:
@@ -130,11 +141,15 @@ class Forwarder(io.TextIOBase):
 
     def drain(self) -> None:
         """Send queued lines, unless this thread is inside an MPI call (the poll loop retries)."""
-        if not self._queue or self._rt.router.lock.locked():
+        if not self._queue or (not self._local and self._rt.router.lock.locked()):
             return
         with self._lock:
             lines = list(self._queue)
             self._queue.clear()
+        if self._local:
+            self._original.write("".join(f"[{tag}] {line}\n" for tag, line in lines))
+            self._original.flush()
+            return
         try:
             self._rt.router.send(CONTROLLER, log(self._stream, lines))
         except Exception:
@@ -218,7 +233,7 @@ def _ranges(ranks: list[int]) -> str:
     return ",".join(out)
 
 
-def drain_all(forwarders: list[Forwarder]) -> None:
-    """Flush every forwarder (a worker about to leave)."""
+def go_local(forwarders: list[Forwarder]) -> None:
+    """Flush every forwarder, then let it write locally (a worker about to leave)."""
     for fwd in forwarders:
-        fwd.flush()
+        fwd.go_local()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._core import protocol
-from .._core.logs import Forwarder, drain_all, install_forwarders, warn
+from .._core.logs import Forwarder, go_local, install_forwarders, warn
 from .._core.ports import OneReply
 from .._core.protocol import CONTROLLER, Frame, Kind
 from .._core.runtime import Runtime, extend_sys_path
@@ -156,7 +156,7 @@ class Worker(BaseRole):
         stop_last_words(rt.controller_pid, rt.addr)
         rt.close_bell()
         leave_job_dir(rt.controller_pid, list(rt.dead))
-        drain_all(self.forwarders)
+        go_local(self.forwarders)
         rt.send(CONTROLLER, protocol.bye(len(stuck)))
         rt.drain_sends(2.0)
         if self.spawned:

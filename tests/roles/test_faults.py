@@ -587,6 +587,7 @@ class Noted:
     def __del__(self):
         self.file.write(f"{self.what} finalized\n")
         self.file.close()
+        print(f"{self.what} says goodbye", flush=True)  # after MPI_Finalize: must not reach for MPI
 '''
 
 
@@ -604,6 +605,8 @@ def test_worker_interpreters_finalize_module_globals(launch: str, tmp_path: Path
     job = run_job(job_cmd(launch, path, str(notes), n=2), timeout=60)
     assert_ended(job, 0, pool_deaths=False)
     assert notes.read_text() == "module global finalized\n", job.describe()
+    # printed late in the interpreter's exit, to the process's own stdout (Python has restored it by then)
+    assert re.search(r"^(\[keeper\[0\]\] )?module global says goodbye$", job.stdout, re.M), job.describe()
     after_stop = job.rows["after_stop"]["notes"]
     assert after_stop == ("module global finalized\n" if launch == "spawned" else ""), job.describe()
 
