@@ -109,8 +109,9 @@ def endpoint(
         if not callable(method):
             raise TypeError(f"@endpoint expects a function, got {method!r}; put it directly above a def")
         if getattr(method, _MARK, {}).get("concurrent"):
-            raise TypeError(f"{_name(method)} is already a @concurrent_endpoint; use one of the two decorators")
+            raise ValueError(f"@endpoint does not wrap @concurrent_endpoint {_name(method)}; use one of the two")
         setattr(method, _MARK, {"explicit_response_port": explicit_response_port, "concurrent": False})
+        method._explicit_response_port = explicit_response_port  # type: ignore[attr-defined]  # Monarch's
         return method
 
     if fn is not None:
@@ -140,10 +141,11 @@ def concurrent_endpoint(
     its next message while the body awaits; calls start in arrival order,
     with no guarantee on the order they finish in.  When the actor stops,
     outstanding calls are cancelled (their callers get
-    :class:`~mpimesh.SupervisionError`) before ``__cleanup__`` runs.  An
-    exception that escapes the body fails the actor, like one escaping a
-    ``broadcast``: the caller gets ``SupervisionError`` and the actor's owner
-    a :class:`~mpimesh.MeshFailure`.  Do not stack it with ``@endpoint``.
+    :class:`~mpimesh.SupervisionError`) before ``__cleanup__`` runs.  An exception escaping the body reaches
+    the caller as an :class:`~mpimesh.ActorError` and the actor lives on, as
+    for ``@endpoint``; with ``explicit_response_port=True`` it fails the actor
+    (the caller gets ``SupervisionError``, the owner a ``MeshFailure``).  Do
+    not stack it with ``@endpoint``.
 
     Args:
         fn: the method, when used bare as ``@concurrent_endpoint``.
@@ -152,18 +154,20 @@ def concurrent_endpoint(
         instrument: accepted for Monarch compatibility; unused.
 
     Raises:
-        TypeError: the method is not ``async def``, or is already an ``@endpoint``.
+        ValueError: the method is not ``async def``, or is already an ``@endpoint``.
     """
 
     def mark(method: F) -> F:
+        if hasattr(method, _MARK):
+            raise ValueError(f"@concurrent_endpoint does not wrap @endpoint {_name(method)}; use one of the two")
         if not inspect.iscoroutinefunction(method):
-            raise TypeError(
-                f"@concurrent_endpoint expects an async def method, got {_name(method)}; "
+            raise ValueError(
+                f"@concurrent_endpoint can only wrap async endpoints, got {_name(method)}; "
                 "declare it async def, or use @endpoint"
             )
-        if hasattr(method, _MARK):
-            raise TypeError(f"{_name(method)} is already an @endpoint; use one of the two decorators")
         setattr(method, _MARK, {"explicit_response_port": explicit_response_port, "concurrent": True})
+        # Monarch's concurrent endpoints answer through a port of their own
+        method._explicit_response_port = True  # type: ignore[attr-defined]
         return method
 
     if fn is not None:

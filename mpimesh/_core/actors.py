@@ -577,8 +577,10 @@ class _Actor:
     ) -> None:
         """Start a ``@concurrent_endpoint`` call as a task: the actor takes its next message meanwhile.
 
-        An exception that escapes the body fails the actor (the caller gets
-        a SupervisionError); stop() cancels the tasks still running.
+        An exception that escapes the body reaches the caller as an
+        ActorError; one that escapes a body answering through its own port
+        fails the actor (the caller gets a SupervisionError).  stop()
+        cancels the tasks still running.
         """
         import asyncio
 
@@ -591,33 +593,30 @@ class _Actor:
             return
         answer_to = None if explicit_port else port
         task = asyncio.ensure_future(
-            self._finish_async(coro, answer_to, index, method, _context_var.get(), port, fails_actor=True)
+            self._finish_async(coro, answer_to, index, method, _context_var.get(), port, concurrent=True)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _finish_async(
         self, awaitable: Any, port: PortRef | None, index: int, method: str, ctx: Context,
-        failed_port: PortRef | None = None, fails_actor: bool = False,
+        failed_port: PortRef | None = None, concurrent: bool = False,
     ) -> None:
         # The rest of _invoke for a coroutine: await it, in the message's context, then answer.
-        # `fails_actor`: any exception fails the actor (a concurrent endpoint's).
+        # `concurrent`: a task of its own, which stop() may cancel.
         import asyncio
 
         token = _context_var.set(ctx)
         try:
             result = await awaitable
         except asyncio.CancelledError:
-            if not fails_actor:
+            if not concurrent:
                 raise
             if failed_port is not None:  # stop() cancelled it
                 self.runtime.reply(failed_port, index, Status.FAILED,
                                    f"actor {self.actor_id} stopped before {method}() finished")
         except BaseException as exc:
-            if fails_actor:
-                self._failed_call(exc, None, index, method, failed_port)
-            else:
-                self._failed_call(exc, port, index, method, failed_port)
+            self._failed_call(exc, port, index, method, failed_port)
         else:
             self._answer(port, index, result, method)
         finally:

@@ -9,6 +9,7 @@ import pytest
 
 from mpimesh import (
     Actor,
+    ActorError,
     Channel,
     Port,
     SupervisionError,
@@ -52,6 +53,10 @@ class Overlapping(Actor):
     async def fail(self) -> None:
         raise ValueError("task failed 21")
 
+    @concurrent_endpoint(explicit_response_port=True)
+    async def fail_with_port(self, port: Port[str]) -> None:
+        raise ValueError("port task failed 22")
+
     async def __cleanup__(self, exc: Exception | None) -> None:
         self.events.send("cleanup")
 
@@ -85,34 +90,45 @@ def test_stop_cancels_concurrent_calls_before_cleanup(one_proc: object) -> None:
 
 
 @mesh
-def test_exception_escaping_a_concurrent_endpoint_fails_the_actor(one_proc: object, faults: Faults) -> None:
-    """An exception escaping a concurrent call: the caller gets SupervisionError, the owner a MeshFailure."""
+def test_exceptions_escaping_concurrent_endpoints(one_proc: object, faults: Faults) -> None:
+    """A concurrent call's exception reaches its caller as ActorError (the actor lives on); one escaping a body
+    that answers through its own port fails the actor: SupervisionError, and a MeshFailure to the owner."""
     events, _ = Channel[str].open()
     actor = one_proc.spawn("failing", Overlapping, events)  # type: ignore[attr-defined]
-    with pytest.raises(SupervisionError, match=r"^actor failing\[0\]@\d+\.\d+ failed: ValueError in fail: "
-                                               r"task failed 21$"):
+    with pytest.raises(ActorError, match=r"ValueError: task failed 21$"):
         actor.fail.call_one().get(30)
+    actor.open.call_one("x").get(30)  # still serving
+    with pytest.raises(SupervisionError, match=r"ValueError in fail_with_port: port task failed 22$"):
+        actor.fail_with_port.call_one().get(30)
     (failure,) = faults.wait_for("failing")
-    assert "ValueError in fail: task failed 21" in failure.cause
+    assert "ValueError in fail_with_port: port task failed 22" in failure.cause
     with pytest.raises(SupervisionError, match=r"cannot take open\(\): it is unhealthy with reason: ValueError"):
         actor.open.call_one("x").get(30)
     actor.stop().get(30)
 
 
 def test_concurrent_endpoint_misuse() -> None:
-    """@concurrent_endpoint takes only async def methods, and does not stack with @endpoint."""
+    """@concurrent_endpoint takes only async def methods, and does not stack with @endpoint (Monarch's texts)."""
 
     def plain(self: object) -> None: ...
 
     async def coro(self: object) -> None: ...
 
-    with pytest.raises(TypeError, match=r"^@concurrent_endpoint expects an async def method, got "
-                                        r"test_concurrent_endpoint_misuse\.<locals>\.plain; declare it async def, "
-                                        r"or use @endpoint$"):
+    async def other(self: object) -> None: ...
+
+    with pytest.raises(ValueError, match=r"^@concurrent_endpoint can only wrap async endpoints, got "
+                                         r"test_concurrent_endpoint_misuse\.<locals>\.plain; declare it async def, "
+                                         r"or use @endpoint$"):
         concurrent_endpoint(plain)
-    with pytest.raises(TypeError, match=r"^test_concurrent_endpoint_misuse\.<locals>\.coro is already an "
-                                        r"@endpoint; use one of the two decorators$"):
+    with pytest.raises(ValueError, match=r"^@concurrent_endpoint does not wrap @endpoint "
+                                         r"test_concurrent_endpoint_misuse\.<locals>\.coro; use one of the two$"):
         concurrent_endpoint(endpoint(coro))
+    with pytest.raises(ValueError, match=r"^@endpoint does not wrap @concurrent_endpoint "
+                                         r"test_concurrent_endpoint_misuse\.<locals>\.other; use one of the two$"):
+        endpoint(concurrent_endpoint(other))
+    # Monarch's marker: a concurrent endpoint answers through a port of its own
+    assert Overlapping.wait._explicit_response_port is True  # type: ignore[attr-defined]
+    assert Overlapping.open._explicit_response_port is False  # type: ignore[attr-defined]
 
 
 class Plain(Actor):
