@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, Literal, NoReturn, TypeVar, overload
 
 from ._core.calls import MeshRef
-from ._core.ports import Gather, Port, Receiver, Stream
+from ._core.ports import Gather, Port, Receiver, Stream, gone
 from .actor import EndpointInfo
 from .errors import SupervisionError
 from .future import Future
@@ -335,8 +335,10 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def _refuse(self, method: str) -> NoReturn:
         # SupervisionError, as Monarch raises for a stopped actor (a RuntimeError too)
-        raise SupervisionError(f"cannot call {self._name}.{method}() after stop() of {self!r}; spawn a new mesh",
-                               endpoint=method)
+        raise SupervisionError(
+            gone(f"{self._name}.{method}", "", f"it was stopped; cannot call {self!r} after stop(), spawn a new mesh"),
+            endpoint=method,
+        )
 
 
 class NotAnEndpoint:

@@ -54,16 +54,16 @@ class Instance:
             raise RuntimeError(f"cannot stop {self.actor_id}: it is the controller script, not an actor")
         self._actor.request_stop(reason)
 
-    def abort(self, reason: str = "aborted by itself") -> None:
+    def abort(self, reason: str | None = None) -> None:
         """Fail this actor now: later calls raise ``SupervisionError`` and its owner is told.
 
         The owner's ``__supervise__`` (or ``unhandled_fault_hook``) receives a
-        :class:`MeshFailure` naming ``reason``; the current message still
-        finishes and answers.
+        :class:`MeshFailure` naming ``reason`` ("no reason provided" without
+        one, as in Monarch); the current message still finishes and answers.
         """
         if self._actor is None:
             raise RuntimeError(f"cannot abort {self.actor_id}: it is the controller script, not an actor")
-        self._actor.abort(reason)
+        self._actor.abort(reason if reason is not None else "no reason provided")
 
 
 @dataclass

@@ -115,7 +115,9 @@ class ProcMesh(MeshTrait):
                 "pass data that pickles, or create the object inside __init__"
             ) from exc
         addrs = [self._addrs[i] for i in self._shape.ranks()]
-        ref, initialized = _calls.MeshRef.spawn(name, Class.__qualname__, self._shape, addrs, is_async, body, buffers)
+        ref, initialized = _calls.MeshRef.spawn(
+            name, f"{Class.__module__}.{Class.__qualname__}", self._shape, addrs, is_async, body, buffers
+        )
         mesh: ActorMesh[T] = ActorMesh(
             ref=ref,
             name=name,

@@ -42,6 +42,8 @@ class MeshFailure:
     class_name: str = ""
     coords: list[dict[str, int]] = field(default_factory=list)
     mesh: Any = None
+    #: each failed rank as Monarch prints a point, ``{'gpus': 1/2}``
+    points: list[str] = field(default_factory=list)
 
     def report(self) -> str:
         """A multi-line description for logs.
@@ -55,8 +57,12 @@ class MeshFailure:
             for r, c in zip(self.crashed_ranks, self.coords or [{}] * len(self.crashed_ranks), strict=True)
         )
         kind = f" ({self.class_name})" if self.class_name else ""
+        points = self.points or [""] * len(self.crashed_ranks)
+        actors = ", ".join(f"{self.mesh_name}{p}" for p in points)
+        who = f"{self.class_name} {actors}" if self.class_name else actors
         return (f"MeshFailure of actor mesh {self.mesh_name!r}{kind}: {where} failed, "
-                f"crashed_ranks={self.crashed_ranks}:\n  {self.cause}")
+                f"crashed_ranks={self.crashed_ranks}: The actor {who} and all its descendants have failed:\n"
+                f"  {self.cause}")
 
     def __str__(self) -> str:
         return self.report()

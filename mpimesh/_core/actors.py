@@ -31,7 +31,7 @@ from ..errors import MeshInternalError
 from ..shape import Extent, Point
 from . import protocol
 from . import serialize as _serialize
-from .ports import Port
+from .ports import Port, gone
 from .protocol import Frame, Key, PortRef, Status
 
 if TYPE_CHECKING:
@@ -185,6 +185,8 @@ class _Actor:
         self.state = "starting"
         # stopped while its __init__ had not returned (see stop)
         self.abandoned = False
+        # the actor's class as Monarch names it in errors (module.Class), once known
+        self.class_path = ""
         # where `initialized` waits (see ActorHost.on_spawn)
         self.init_port: PortRef | None = None
         self.failure: str | None = None
@@ -257,7 +259,7 @@ class _Actor:
         if not abandon:
             self.put(_Stop(reason, done, owned))
             return
-        self.host.forget(self.key, reason)
+        self.host.forget(self.key, self.name, reason)
         # Calls waiting behind __init__ are refused now, not when (if ever) it returns.
         while True:
             try:
@@ -273,12 +275,14 @@ class _Actor:
             else:
                 continue
             if port is not None:
-                self.runtime.reply(port, index, Status.FAILED, f"actor {self.actor_id} cannot take {method}(): "
-                                   f"it was stopped before its __init__ returned ({reason})")
+                report = self._gone(method, None, f"Actor {self.actor_id} was stopped before its __init__ "
+                                    f"returned ({reason})")
+                self.runtime.reply(port, index, Status.FAILED, report)
         self.put(_Stop(reason, None))  # wakes the thread if __init__ never began
         if self.init_port is not None:
-            self.runtime.reply(self.init_port, self.point.rank, Status.FAILED,
-                               f"actor {self.actor_id} was stopped before its __init__ returned ({reason})")
+            report = self._gone("__init__", None, f"Actor {self.actor_id} was stopped before its __init__ "
+                                f"returned ({reason})")
+            self.runtime.reply(self.init_port, self.point.rank, Status.FAILED, report)
         done()
 
     def abort(self, reason: str) -> None:
@@ -381,6 +385,7 @@ class _Actor:
             # the first item: the creator's heavy modules, imported by now (proc_mesh._PRELOAD)
             _, cls, args, kwargs, proc_mesh = _serialize.loads(item.body, item.buffers)
             self.identity.class_name = cls.__qualname__
+            self.class_path = f"{cls.__module__}.{cls.__qualname__}"
             self.identity.proc_mesh = proc_mesh
             self.instance = cls(*args, **kwargs)
         except BaseException as exc:
@@ -408,7 +413,7 @@ class _Actor:
         index = point[0]
         if self.state != "running":
             if port is not None:
-                report = f"actor {self.actor_id} cannot take {method}(): it {self._why_not()}"
+                report = self._gone(method, point, f"Actor {self.actor_id} {self._why_not()}")
                 self.runtime.reply(port, index, Status.FAILED, report)
             return True
         token = _context_var.set(self._contexts.get(point) or self._context(point))
@@ -613,8 +618,8 @@ class _Actor:
             if not concurrent:
                 raise
             if failed_port is not None:  # stop() cancelled it
-                self.runtime.reply(failed_port, index, Status.FAILED,
-                                   f"actor {self.actor_id} stopped before {method}() finished")
+                report = self._gone(method, None, f"Actor {self.actor_id} stopped before {method}() finished")
+                self.runtime.reply(failed_port, index, Status.FAILED, report)
         except BaseException as exc:
             self._failed_call(exc, port, index, method, failed_port)
         else:
@@ -684,7 +689,8 @@ class _Actor:
         self.failure = f"{type(exc).__name__} in {method}: {exc}"
         told = port if port is not None else failed_port
         if told is not None:
-            self.runtime.reply(told, index, Status.FAILED, f"actor {self.actor_id} failed: {self.failure}")
+            report = self._gone(method, None, f"Actor {self.actor_id} failed: {self.failure}")
+            self.runtime.reply(told, index, Status.FAILED, report)
         self._report_fault(exc, method)
 
     def _error(self, port: PortRef | None, index: int, exc: BaseException) -> None:
@@ -692,6 +698,11 @@ class _Actor:
             return
         payload = _serialize.error_payload(exc, self.header, self.point.rank, dict(self.point), self.runtime.host)
         self.runtime.reply(port, index, Status.ERROR, payload)
+
+    def _gone(self, method: str, point: RawPoint | None, cause: str) -> str:
+        # Monarch's text for a call this actor cannot answer (see ports.gone)
+        where = str(_point(point)) if point is not None and point[1] else ""
+        return gone(f"{self.name}.{method}", where, cause, self.class_path)
 
     def _why_not(self) -> str:
         if self.state == "failed":
@@ -729,7 +740,7 @@ class _Actor:
         for site in list(self.host.sites.values()):
             if site.key == self.key:
                 site.fn = None  # the bound method holds the object
-        self.host.forget(self.key, self.stop_reason or "stopped")
+        self.host.forget(self.key, self.name, self.stop_reason or "stopped")
         if done is not None:
             done()
 
@@ -757,7 +768,8 @@ class ActorHost:
         # Calls that overtook their SPAWN (sent by another process than the
         # spawner): held until the actor exists.
         self.parked: dict[Key, list[_Item]] = {}
-        self.tombstones: dict[Key, str] = {}
+        # key -> (mesh name, why it stopped), to refuse later calls
+        self.tombstones: dict[Key, tuple[str, str]] = {}
         # call site -> (actor key, method, caller's address, message point), see protocol.site_call
         self.sites: dict[int, _Site] = {}
         # Every actor thread ever started: the process must not finalize MPI
@@ -790,18 +802,22 @@ class ActorHost:
             # (actor, method, caller, point) of later SITE_CALLs from the caller
             self.sites[site[0]] = _Site(key, method, port[0], point)
         actor = self.live.get(key)
+        tomb = None
         if actor is None:
             with self.lock:
                 actor = self.live.get(key)
                 if actor is None:
-                    reason = self.tombstones.get(key)
-                    if reason is None:
+                    tomb = self.tombstones.get(key)
+                    if tomb is None:
                         self.parked.setdefault(key, []).append(_Call(frame, buffers))
                         return
         if actor is not None:
             actor.put(_Call(frame, buffers))
-        elif port is not None:
-            self.runtime.reply(port, point[0], Status.FAILED, f"actor {method}() target is gone: {reason}")
+        elif port is not None and tomb is not None:
+            name, reason = tomb
+            where = str(_point(point)) if point[1] else ""
+            report = gone(f"{name}.{method}", where, f"it is stopped ({reason})")
+            self.runtime.reply(port, point[0], Status.FAILED, report)
 
     def on_site_call(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """The SITE_CALL handler: a call through a site that a CALL from ``src`` registered."""
@@ -859,11 +875,11 @@ class ActorHost:
             actor.stop(reason, one_done, owned)
         return actors
 
-    def forget(self, key: Key, reason: str) -> None:
-        """The actor of mesh ``key`` has stopped: later calls to it are refused with ``reason``."""
+    def forget(self, key: Key, name: str, reason: str) -> None:
+        """The actor of mesh ``key`` (named ``name``) has stopped: later calls to it are refused with ``reason``."""
         with self.lock:
             self.live.pop(key, None)
-            self.tombstones[key] = reason
+            self.tombstones[key] = (name, reason)
 
     def wait_stopped(self, actors: list[_Actor], timeout: float) -> list[_Actor]:
         """Wait (bounded) for actors to finish; returns those still running."""

@@ -75,7 +75,8 @@ class Owned:
     def failure(self, ranks: list[int], cause: str) -> MeshFailure:
         """The failure of ``ranks`` of this mesh, for ``cause``."""
         coords = [self.shape.coordinates(r) for r in ranks]
-        return MeshFailure(self.name, ranks, cause, self.class_name, coords)
+        points = [str(self.shape.point(r)) if self.shape.labels else "" for r in ranks]
+        return MeshFailure(self.name, ranks, cause, self.class_name, coords, points=points)
 
 
 class Role(Protocol):

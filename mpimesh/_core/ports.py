@@ -75,17 +75,23 @@ class Receiver:
 
     def error(self, report: str, where: str = "") -> SupervisionError:
         """The SupervisionError a waiter on this port gets."""
-        # Monarch's phrases, which its users match on, then the cause
-        target = f" to {where}" if where else ""
-        return SupervisionError(
-            f"Endpoint call {self.what}(){target} failed: the actor and all its descendants have failed: {report}",
-            endpoint=self.what,
-        )
+        return SupervisionError(gone(self.what, where, report), endpoint=self.what)
 
 
 def _describe(shape: Shape, rank: int) -> str:
-    coords = ", ".join(f"{k}={v}" for k, v in shape.coordinates(rank).items())
-    return f"rank {rank} ({coords})" if coords else f"rank {rank}"
+    # the rank as Monarch prints a point: {'gpus': 1/2}; nothing for a mesh of no dimension
+    return str(shape.point(rank)) if shape.labels else ""
+
+
+def gone(what: str, where: str, cause: str, actor: str = "") -> str:
+    """What a call to a failed actor raises: Monarch's phrases, which its users match on, then the cause.
+
+    ``what``: ``mesh.method``; ``where``: the actor's point (``{'gpus': 1/2}``);
+    ``actor``: its class, when known.
+    """
+    mesh = what.rpartition(".")[0] or what
+    who = f"{actor} {mesh}{where}" if actor else f"{mesh}{where}"
+    return f"Endpoint call {what}() failed, The actor {who} and all its descendants have failed: {cause}"
 
 
 def _settle(fut: Future[Any], fn: Callable[[], Any]) -> None:

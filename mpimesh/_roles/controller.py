@@ -627,6 +627,12 @@ class Controller(BaseRole):
         """
         self._leaving.set()
         clean = self.shutdown(code)
+        # Hooks of failures that arrived while the job ended run first (in
+        # order, on the supervisor's one thread): they may set the status.
+        try:
+            self._supervisor.submit(lambda: None).result(settings.shutdown_timeout)
+        except Exception:
+            pass  # a hook that does not return: the job ends regardless
         if self.failed_unhandled:
             # the KeyboardInterrupt of _end_job, what the script made of it,
             # or a failure that reached the default hook as the job ended

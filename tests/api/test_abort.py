@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
 from mpimesh import Actor, SupervisionError, context, endpoint, this_proc
+
+if TYPE_CHECKING:
+    from conftest import Faults
 
 pytestmark = pytest.mark.mesh
 
 
 class Child(Actor):
     @endpoint
-    def give_up(self, reason: str) -> str:
-        context().actor_instance.abort(reason)
+    def give_up(self, reason: str | None) -> str:
+        if reason is None:
+            context().actor_instance.abort()
+        else:
+            context().actor_instance.abort(reason)
         return "answered"
 
     @endpoint
@@ -56,6 +63,15 @@ def test_abort_fails_the_actor_and_tells_its_owner(one_proc: object) -> None:
         seen = owner.seen_failures.call_one().get(30)
     assert len(seen) == 1 and "aborted: bad state 7" in seen[0], seen
     owner.stop().get(30)
+
+
+def test_abort_without_a_reason(one_proc: object, faults: Faults) -> None:
+    """abort() with no reason says so, in Monarch's words."""
+    child = one_proc.spawn("reasonless", Child)  # type: ignore[attr-defined]
+    assert child.give_up.call_one(None).get(30) == "answered"
+    (failure,) = faults.wait_for("reasonless")
+    assert "aborted: no reason provided" in failure.cause, failure.cause
+    child.stop().get(30)
 
 
 def test_abort_outside_an_actor_says_why() -> None:

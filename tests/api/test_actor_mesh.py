@@ -360,7 +360,8 @@ def test_calls_through_a_registered_site_behave_like_the_first(procs: object) ->
     finally:
         mesh.stop().get(10)
     # The slice is a reference, so it may still call: the actor is gone.
-    with pytest.raises(SupervisionError, match=r"^actor add\(\) target is gone: stopped by client$"):
+    with pytest.raises(SupervisionError, match=r"^Endpoint call sitepaths\.add\(\) failed, The actor sitepaths and all "
+                                               r"its descendants have failed: it is stopped \(stopped by client\)$"):
         add.call_one(1).get(10)
 
 
@@ -372,7 +373,8 @@ def test_call_sites_of_stopped_explicit_port_and_async_actors(one_proc: object) 
     mesh.stop().get(10)
     with pytest.raises(
         RuntimeError,
-        match=r"^cannot call sitestop.add\(\) after stop\(\) of ActorMesh\('sitestop', SitePaths, gpus=1\); ",
+        match=r"^Endpoint call sitestop\.add\(\) failed, The actor sitestop and all its descendants have failed: "
+        r"it was stopped; cannot call ActorMesh\('sitestop', SitePaths, gpus=1\) after stop\(\), spawn a new mesh$",
     ):
         add.call_one(1)
     responder = one_proc.spawn("siteresponder", Responder)  # type: ignore[attr-defined]
@@ -647,8 +649,8 @@ def test_stop_runs_cleanup_and_refuses_later_calls(procs: object) -> None:
     assert sorted([receiver.recv().get(10), receiver.recv().get(10)]) == ["cleanup 0 None", "cleanup 1 None"]
     with pytest.raises(
         RuntimeError,
-        match=r"^cannot call cleanup.ping\(\) after stop\(\) of ActorMesh\('cleanup', Cleanup, gpus=2\); "
-        r"spawn a new mesh$",
+        match=r"^Endpoint call cleanup\.ping\(\) failed, The actor cleanup and all its descendants have failed: it "
+        r"was stopped; cannot call ActorMesh\('cleanup', Cleanup, gpus=2\) after stop\(\), spawn a new mesh$",
     ):
         mesh.ping.call()
     assert mesh.stop().get(1) is None  # stopping twice is harmless
@@ -667,12 +669,16 @@ def test_init_failure_reaches_initialized_later_calls_and_the_owner(one_proc: ob
         mesh.initialized.get(10)
     assert isinstance(info.value.exception, ZeroDivisionError)
     (failure,) = faults.wait_for("badinit")
-    assert re.match(r"MeshFailure of actor mesh 'badinit' \(BadInit\): rank=0 \(gpus=0\) failed, crashed_ranks=\[0\]:\n"
+    assert re.match(r"MeshFailure of actor mesh 'badinit' \(test_actor_mesh\.BadInit\): rank=0 \(gpus=0\) failed, "
+                    r"crashed_ranks=\[0\]: The actor test_actor_mesh\.BadInit badinit\{'gpus': 0/1\} and all its "
+                    r"descendants have failed:\n"
                     r"  actor badinit\[0\]@\d+\.\d+ on \S+: ZeroDivisionError in __init__: bad init\n",
                     failure.report()), failure.report()
     with pytest.raises(
         SupervisionError,
-        match=r"cannot take ping\(\): it is unhealthy with reason: ZeroDivisionError in __init__: bad "
+        match=r"^Endpoint call badinit\.ping\(\) failed, The actor test_actor_mesh\.BadInit badinit\{'gpus': 0/1\} "
+        r"and all its descendants have failed: Actor badinit\[0\]@\d+\.\d+ is unhealthy with reason: "
+        r"ZeroDivisionError in __init__: bad "
         r"init$",
     ):
         mesh.ping.call_one().get(10)

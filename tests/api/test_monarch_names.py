@@ -85,7 +85,10 @@ def test_stop_cancels_concurrent_calls_before_cleanup(one_proc: object) -> None:
     actor.open.call_one("other").get(30)  # `wait` has started by now: calls start in arrival order
     actor.stop().get(30)
     assert [received.recv().get(30), received.recv().get(30)] == ["cancelled never", "cleanup"]
-    with pytest.raises(SupervisionError, match=r"^actor cancelled\[0\]@\d+\.\d+ stopped before wait\(\) finished$"):
+    cancelled = (r"^Endpoint call cancelled\.wait\(\) failed, The actor test_monarch_names\.Overlapping cancelled "
+                 r"and all its descendants have failed: Actor cancelled\[0\]@\d+\.\d+ stopped before wait\(\) "
+                 r"finished$")
+    with pytest.raises(SupervisionError, match=cancelled):
         pending.get(30)
 
 
@@ -102,7 +105,8 @@ def test_exceptions_escaping_concurrent_endpoints(one_proc: object, faults: Faul
         actor.fail_with_port.call_one().get(30)
     (failure,) = faults.wait_for("failing")
     assert "ValueError in fail_with_port: port task failed 22" in failure.cause
-    with pytest.raises(SupervisionError, match=r"cannot take open\(\): it is unhealthy with reason: ValueError"):
+    unhealthy = r"^Endpoint call failing\.open\(\) failed, The actor .* is unhealthy with reason: ValueError in "
+    with pytest.raises(SupervisionError, match=unhealthy):
         actor.open.call_one("x").get(30)
     actor.stop().get(30)
 

@@ -45,13 +45,15 @@ def test_explicit_port_endpoint_that_raises_fails_the_actor_and_the_caller(
     assert mesh.answer.call_one(False).get(30) == "answered"
     with pytest.raises(
         SupervisionError,
-        match=r"^actor replier\[0\]@\d+\.\d+ failed: ValueError in answer: no answer 11$",
+        match=r"^Endpoint call replier\.answer\(\) failed, The actor test_supervision_semantics\.Replier replier and "
+        r"all its descendants have failed: Actor replier\[0\]@\d+\.\d+ failed: ValueError in answer: no answer 11$",
     ):
         mesh.answer.call_one(True).get(30)
     (failure,) = faults.wait_for("replier")
     assert failure.crashed_ranks == [0]
     assert "ValueError in answer: no answer 11" in failure.cause
-    with pytest.raises(SupervisionError, match=r"cannot take ping\(\): it is unhealthy with reason: ValueError in "):
+    unhealthy = r"^Endpoint call replier\.ping\(\) failed, The actor .* have failed: Actor .* is unhealthy with "
+    with pytest.raises(SupervisionError, match=unhealthy + "reason: ValueError in "):
         mesh.ping.call_one().get(30)
 
 
@@ -77,11 +79,13 @@ def test_spawn_returns_before_init_and_stop_ends_an_init_that_has_not_returned(o
         mesh.initialized.get(0.2)
     queued = mesh.ping.call_one()  # waits behind __init__
     mesh.stop().get(10)
-    with pytest.raises(SupervisionError, match=r"^actor slow\[0\]@\d+\.\d+ was stopped before its __init__ "
+    with pytest.raises(SupervisionError, match=r"^Endpoint call slow\.__init__\(\) failed, The actor .* have failed: "
+                                               r"Actor slow\[0\]@\d+\.\d+ was stopped before its __init__ "
                                                r"returned \(stopped by client\)$"):
         mesh.initialized.get(10)
     release.send("go")  # __init__ returns now: the actor runs nothing else
-    with pytest.raises(SupervisionError, match=r"^actor slow\[0\]@\d+\.\d+ cannot take ping\(\): it was stopped before "
+    with pytest.raises(SupervisionError, match=r"^Endpoint call slow\.ping\(\) failed, The actor .* have failed: "
+                                               r"Actor slow\[0\]@\d+\.\d+ was stopped before "
                                                r"its __init__ returned \(stopped by client\)$"):
         queued.get(10)
 
@@ -118,7 +122,9 @@ def test_supervise_reaches_an_async_owner_while_its_endpoint_awaits(one_proc: ob
     """A failure of an owned mesh reaches __supervise__ of an async owner that is busy awaiting it."""
     owner = one_proc.spawn("busy", BusyOwner)  # type: ignore[attr-defined]
     (report,) = owner.spawn_and_wait.call_one().get(60)
-    assert re.match(r"MeshFailure of actor mesh 'child' \(Failing\): rank=0 failed, crashed_ranks=\[0\]:\n"
+    assert re.match(r"MeshFailure of actor mesh 'child' \(test_supervision_semantics\.Failing\): rank=0 failed, "
+                    r"crashed_ranks=\[0\]: The actor test_supervision_semantics\.Failing child and all its descendants "
+                    r"have failed:\n"
                     r"  actor child\[0\]@\d+\.\d+ on \S+: ValueError in fail: child failed 12\n", report), report
     assert faults.failures == []  # handled by the owner: nothing reached the controller
     owner.stop().get(30)

@@ -47,7 +47,8 @@ DETECT_BOUND = 2.0
 #: A later call to a known-dead process fails before anything is sent.
 AT_ONCE = 0.5
 #: What a call to a failed actor says before the cause (Monarch's phrase, which its users match on)
-GONE = "the actor and all its descendants have failed: "
+#: How a failed call to the actor of a one-actor slice begins (Monarch's words)
+GONE = "failed, The actor w and all its descendants have failed: "
 
 MATRIX = PREAMBLE + r'''
 fault = sys.argv[1]
@@ -153,14 +154,14 @@ def test_caller_sees_the_fault(fault: str, tmp_path_factory: pytest.TempPathFact
             assert later["type"] == "TimeoutError", job.describe()
         else:
             assert row["type"] == "SupervisionError", job.describe()
-            expected = rf"Endpoint call w\.fault\(\) to rank 0 failed: {GONE}{died_re(row)}"
+            expected = rf"Endpoint call w\.fault\(\) {GONE}{died_re(row)}"
             assert re.fullmatch(expected, row["message"]), job.describe()
             since = job.marks["killed"] if fault == "host" else row["since"]
             bound = BOUND.get(fault, DETECT_BOUND)
             assert row["at"] - since < bound, f"detected after {row['at'] - since:.3f} s > {bound} s\n" + \
                 job.describe()
             assert later["type"] == "SupervisionError", job.describe()
-            expected = rf"Endpoint call w\.where\(\) to rank 0 failed: {GONE}{died_re(row)}"
+            expected = rf"Endpoint call w\.where\(\) {GONE}{died_re(row)}"
             assert re.fullmatch(expected, later["message"]), job.describe()
             assert later["seconds"] < AT_ONCE, job.describe()
 

@@ -33,9 +33,10 @@ def test_train_survives(launch: str) -> None:
     job = run_job(cmd, timeout=240, end="final weights")
     out = job.stdout
     assert re.search(r"^step 20: killing trainer 2 \(pid \d+\) with SIGKILL$", out, re.M), job.describe()
-    assert re.search(r"^supervision: MeshFailure of actor mesh 'trainers' \(Trainer\): rank=2 \(gpus=2\) failed, "
-                     r"crashed_ranks=\[2\]:$", out, re.M), job.describe()
-    assert re.search(r"^step 20: trainer 2 is gone: Endpoint call trainers\.grad\(\) to rank 0 failed: the actor and "
+    assert re.search(r"^supervision: MeshFailure of actor mesh 'trainers' \(__main__\.Trainer\): rank=2 \(gpus=2\) "
+                     r"failed, crashed_ranks=\[2\]: The actor __main__\.Trainer trainers\{'gpus': 2/4\} and all its "
+                     r"descendants have failed:$", out, re.M), job.describe()
+    assert re.search(r"^step 20: trainer 2 is gone: Endpoint call trainers\.grad\(\) failed, The actor trainers and "
                      r"all its descendants have failed: process \d+\.\d+ \(pid \d+\) on \S+ died: ", out, re.M), \
         job.describe()
     assert "restored the weights of step 19, repeating the step" in out, job.describe()

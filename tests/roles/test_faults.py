@@ -52,10 +52,19 @@ DETECT_BOUND = 2.0
 POOL_SIGKILL_BOUND = 1.0
 #: A later call to a known-dead process fails before anything is sent.
 AT_ONCE = 0.5
-#: What a call to a failed actor says before the cause (Monarch's phrase, which its users match on)
-GONE = "the actor and all its descendants have failed: "
-#: How a MeshFailure names the failed rank of a one-actor mesh
-RANK0 = r"rank=0 \(gpus=0\) failed, crashed_ranks=\[0\]"
+#: Rank 0 of a mesh ``gpus=1``, as Monarch prints a point
+ONE = r"\{'gpus': 0/1\}"
+
+
+def gone(what: str, who: str) -> str:
+    """The start of a failed call's SupervisionError, in Monarch's words (regexes: ``mesh\\.method``, the actor)."""
+    return rf"Endpoint call {what}\(\) failed, The actor {who} and all its descendants have failed: "
+
+
+def mesh_failed(name: str, cls: str = "W") -> str:
+    """The first line of the MeshFailure of rank 0 of mesh ``name`` (``gpus=1``) of class ``__main__.cls``."""
+    return (rf"MeshFailure of actor mesh '{name}' \(__main__\.{cls}\): rank=0 \(gpus=0\) failed, crashed_ranks=\[0\]: "
+            rf"The actor __main__\.{cls} {name}{ONE} and all its descendants have failed:")
 
 ENV = {
     "MPIMESH_SHUTDOWN_TIMEOUT": "2",
@@ -402,11 +411,12 @@ def check_cell(fault: str, launch: str, adverb: str, row: dict[str, Any]) -> Non
                 r"Traceback \(most recent call last\):\n")
         assert re.match(head, failure["cause"]), row
         assert failure["report"].startswith(
-            "MeshFailure of actor mesh 'broadcast' (W): rank=0 (gpus=0) failed, crashed_ranks=[0]:\n  "), row
+            "MeshFailure of actor mesh 'broadcast' (__main__.W): rank=0 (gpus=0) failed, crashed_ranks=[0]: "), row
         assert failure["seconds"] < DETECT_BOUND, row
         assert row["later_type"] == "SupervisionError", row
-        assert re.fullmatch(rf"actor broadcast\[0\]@\d+\.\d+ cannot take pid\(\): it is unhealthy with "
-                            rf"reason: {raised}", row["later_message"]), row
+        later = gone(r"broadcast\.pid", r"__main__\.W broadcast" + ONE)
+        assert re.fullmatch(rf"{later}Actor broadcast\[0\]@\d+\.\d+ is unhealthy with reason: {raised}",
+                            row["later_message"]), row
         assert row["later_seconds"] < AT_ONCE, row
         return
     if fault in CRASHES:
@@ -416,20 +426,19 @@ def check_cell(fault: str, launch: str, adverb: str, row: dict[str, Any]) -> Non
             assert (row["type"], row["value"]) == (None, None), row
         else:
             assert row["type"] == "SupervisionError", row
-            target = r"stream\.fault\(\)( to rank 0 \(gpus=0\))?" if adverb == "stream" else \
-                rf"{adverb}\.fault\(\) to rank 0 \(gpus=0\)"
-            assert re.fullmatch(rf"Endpoint call {target} failed: {GONE}{died}", row["message"]), row
+            who = rf"{adverb}({ONE})?" if adverb == "stream" else rf"{adverb}{ONE}"
+            assert re.fullmatch(gone(rf"{adverb}\.fault", who) + died, row["message"]), row
             assert row["seconds"] < bound, row
         # The owner (here the script: the hook) hears exactly once, with the cause.
         assert len(failures) == 1, row
         failure = failures[0]
         assert (failure["mesh"], failure["ranks"]) == (adverb, [0]), row
-        assert re.fullmatch(rf"MeshFailure of actor mesh '{adverb}' \(W\): {RANK0}:\n  {died}",
+        assert re.fullmatch(rf"{mesh_failed(adverb)}\n  {died}",
                             failure["report"]), row
         assert failure["seconds"] < bound, row
         # Later calls fail at once, without sending; broadcast raises synchronously.
         assert row["later_type"] == "SupervisionError", row
-        assert re.fullmatch(rf"Endpoint call {adverb}\.pid\(\) to rank 0 \(gpus=0\) failed: {GONE}{died}",
+        assert re.fullmatch(gone(rf"{adverb}\.pid", adverb + ONE) + died,
                             row["later_message"]), row
         assert row["later_seconds"] < AT_ONCE, row
         assert row["later_broadcast_type"] == "SupervisionError", row
@@ -506,7 +515,7 @@ def test_stream_failure_names_the_rank(tmp_path_factory: pytest.TempPathFactory)
     """A SupervisionError from stream() names the rank and coordinates, like every other adverb's."""
     needs_ulfm()
     row = matrix_job("sigkill", "spawned", tmp_path_factory).rows["stream"]
-    assert row["message"].startswith(f"Endpoint call stream.fault() to rank 0 (gpus=0) failed: {GONE}process "), row
+    assert re.match(gone(r"stream\.fault", rf"stream({ONE})?") + "process ", row["message"]), row
 
 
 # ---------------------------------------------------------------------------
@@ -547,7 +556,7 @@ def test_default_hook_ends_the_job(launch: str, tmp_path: Path) -> None:
     assert_ended(job, 1, pool_deaths=launch == "pool")
     died = proc_re(launch, job.rows["pid"], CAUSES["sigkill"])
     report = (r"mpimesh: unhandled failure, ending the job:\n"
-              rf"MeshFailure of actor mesh 'w' \(W\): {RANK0}:\n  {died}\n")
+              rf"{mesh_failed('w')}\n  {died}\n")
     assert len(re.findall(report, job.stderr)) == 1, job.describe()
     assert "not ended" not in job.stdout
     assert job.stdout.count("finally ran") == 1 and job.stdout.count("atexit ran") == 1, job.describe()
@@ -644,7 +653,7 @@ def test_failure_found_as_the_script_ends_reaches_the_hook_once(hook: str, tmp_p
     if hook == "custom":
         assert job.stdout.count("hook late") == 1, job.describe()
     else:
-        report = "mpimesh: unhandled failure, ending the job:\nMeshFailure of actor mesh 'late' (Late): "
+        report = "mpimesh: unhandled failure, ending the job:\nMeshFailure of actor mesh 'late' (__main__.Late): "
         assert job.stderr.count(report) == 1, job.describe()
 
 
@@ -723,9 +732,9 @@ def test_supervise(launch: str, mode: str, tmp_path: Path) -> None:
     assert {"run", "hook", "later", "recover"} <= set(rows), job.describe()
     run_row = rows["run"]
     died = proc_re(launch, run_row, CAUSES["sigkill"])
-    assert re.fullmatch(rf"SupervisionError: Endpoint call child\.fault\(\) to rank 0 \(gpus=0\) failed: {GONE}{died}",
-                        run_row["caught"]), job.describe()
-    child = rf"MeshFailure of actor mesh 'child' \(W\): {RANK0}:\n  {died}"
+    assert re.fullmatch("SupervisionError: " + gone(r"child\.fault", "child" + ONE) + died, run_row["caught"]), \
+        job.describe()
+    child = rf"{mesh_failed('child')}\n  {died}"
     failures = rows["hook"]["failures"]
     if mode == "handled":
         assert failures == [], job.describe()
@@ -741,9 +750,9 @@ def test_supervise(launch: str, mode: str, tmp_path: Path) -> None:
         assert failure["seconds"] < DETECT_BOUND, job.describe()
         later = rows["later"]
         assert later["type"] == "SupervisionError", job.describe()
-        assert re.fullmatch(rf"actor owner\[0\]@\d+\.\d+ cannot take pid\(\): it is unhealthy with reason: "
-                            rf"unhandled failure of its mesh 'child'{re.escape(raised)}", later["message"]), \
-            job.describe()
+        refused = gone(r"owner\.pid", r"__main__\.Owner owner" + ONE)
+        assert re.fullmatch(rf"{refused}Actor owner\[0\]@\d+\.\d+ is unhealthy with reason: unhandled failure of "
+                            rf"its mesh 'child'{re.escape(raised)}", later["message"]), job.describe()
     assert rows["recover"]["type"] is None, job.describe()
     assert_ended(job, 0, pool_deaths=launch == "pool")
     lost_cause(job.stdout)
@@ -795,12 +804,12 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     pids = rows["pids"]["value"]
     assert rows["sites"]["value"] == pids, job.describe()
     died = proc_re(launch, {"pid": pids[1], "host": rows["pids"]["host"]}, CAUSES[fault])
-    rank1 = r"to rank 1 \(gpus=1\) failed: " + GONE + died
+    rank1 = gone(r"pair\.pid", r"pair\{'gpus': 1/2\}") + died
     # The slice gpus=1 has one dimension left: its only actor is rank 0, with no coordinates.
     kill = rows["kill"]["message"]
-    assert re.fullmatch(rf"Endpoint call pair\.fault\(\) to rank 0 failed: {GONE}{died}", kill), job.describe()
+    assert re.fullmatch(gone(r"pair\.fault", "pair") + died, kill), job.describe()
     assert rows["whole_call"]["type"] == "SupervisionError", job.describe()
-    assert re.fullmatch(rf"Endpoint call pair\.pid\(\) {rank1}", rows["whole_call"]["message"]), job.describe()
+    assert re.fullmatch(rank1, rows["whole_call"]["message"]), job.describe()
     assert rows["whole_call"]["seconds"] < AT_ONCE, job.describe()
     stream = rows["whole_stream"]["values"]
     assert sorted(str(v["type"]) for v in stream) == ["None", "SupervisionError"], job.describe()
@@ -809,8 +818,7 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     assert re.fullmatch(rf"cannot broadcast pair\.pid\(\): {died}", rows["whole_broadcast"]["message"]), job.describe()
     assert rows["doomed_call_one"]["type"] == "SupervisionError", job.describe()
     assert rows["doomed_call_one"]["seconds"] < AT_ONCE, job.describe()
-    expected = rf"Endpoint call pair\.pid\(\) to rank 0 failed: {GONE}{died}"
-    assert re.fullmatch(expected, rows["doomed_call_one"]["message"]), job.describe()
+    assert re.fullmatch(gone(r"pair\.pid", "pair") + died, rows["doomed_call_one"]["message"]), job.describe()
     failures = rows["hook"]["failures"]
     assert (rows["healthy_call_one"]["type"], rows["healthy_call_one"]["value"]) == (None, pids[0]), job.describe()
     assert (rows["healthy_choose"]["type"], rows["healthy_choose"]["value"]) == (None, pids[0]), job.describe()
@@ -851,8 +859,7 @@ def test_silent_worker_is_declared_dead(launch: str, tmp_path: Path) -> None:
     died = proc_re(launch, rows["pid"], silent)
     call = rows["call_one"]
     assert call["type"] == "SupervisionError", job.describe()
-    expected = rf"Endpoint call w\.fault\(\) to rank 0 \(gpus=0\) failed: {GONE}{died}"
-    assert re.fullmatch(expected, call["message"]), job.describe()
+    assert re.fullmatch(gone(r"w\.fault", "w" + ONE) + died, call["message"]), job.describe()
     assert 1.0 <= call["seconds"] < 1.0 + 2 * DETECT_BOUND, job.describe()
     assert [(f["mesh"], f["ranks"]) for f in rows["hook"]["failures"]] == [("w", [0])], job.describe()
     assert rows["later"]["type"] == "SupervisionError" and rows["later"]["seconds"] < AT_ONCE, job.describe()
@@ -900,8 +907,7 @@ def test_job_status_is_the_scripts(mode: str, status: int | None, tmp_path: Path
         row = job.rows.get(f"exit{i}")
         assert row is not None and row["type"] == "SupervisionError", job.describe()
         died = proc_re("pool", row, CAUSES["exit1"])
-        expected = rf"Endpoint call w{i}\.fault\(\) to rank 0 \(gpus=0\) failed: {GONE}{died}"
-        assert re.fullmatch(expected, row["message"]), job.describe()
+        assert re.fullmatch(gone(rf"w{i}\.fault", f"w{i}" + ONE) + died, row["message"]), job.describe()
         assert row["seconds"] < DETECT_BOUND, job.describe()
     live = job.rows.get("live", {})
     assert live.get("type") is None and len(live.get("value", [])) == 2, job.describe()
