@@ -30,7 +30,7 @@ from ..future import Future
 from ..supervision import MeshFailure
 from .base import BaseRole
 from .job_status import set_job_exit_status
-from .liveness import leave_job_dir, stop_last_words
+from .liveness import PING_AFTER, leave_job_dir, stop_last_words
 
 __all__ = ["Worker", "finish", "run"]
 
@@ -38,6 +38,56 @@ Addr = tuple[int, int]
 
 # How often an idle worker checks that its controller still exists.
 _WATCH_PERIOD = 0.25
+
+
+class Heartbeat:
+    """Tells the controller that this worker lives while its polling has stalled.
+
+    The controller's PING is answered by whichever thread polls; a poll that
+    spends seconds receiving a large payload, or that waits for the router's
+    lock while an actor holds it for a long MPI call, answers nothing
+    meanwhile.  This thread looks every half ping interval and, if no poll
+    has been made since its last look, sends a heartbeat (a quiet PING)
+    itself, through the send path alone, which no receive blocks
+    (issue #14 item 11; see ``_roles.liveness``).  It needs the GIL: a
+    process hung with the GIL held stays silent, as it should.
+
+    Args:
+        runtime: this worker's runtime.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        #: seconds between two looks
+        self.period = min(PING_AFTER, settings.heartbeat_timeout / 4) / 2
+        #: statistics: heartbeats sent because the polling had stalled
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mpimesh-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        """Start looking (non-blocking)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop looking; waits at most one period for the thread to end."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.period + 1.0)
+
+    def _run(self) -> None:
+        router = self.rt.router
+        seen = router.polls
+        while not self._stop.wait(self.period):
+            polls = router.polls
+            if polls == seen:
+                self.sent += 1
+                try:
+                    router.flush()  # frames held for a batch would wait for the stalled poll too
+                    router.send_quiet(CONTROLLER, protocol.ping(-self.sent))
+                except ConnectionError:
+                    return  # the controller is gone: _watch_controller ends this process
+            seen = polls
 
 
 class Worker(BaseRole):
@@ -65,6 +115,8 @@ class Worker(BaseRole):
         self.deaths = False
         #: this worker's stdout and stderr, once it serves (``_core.logs``)
         self.forwarders: list[Forwarder] = []
+        #: speaks for this worker while its polling stalls, once it serves
+        self.heartbeat = Heartbeat(runtime)
         runtime.every_ms(self._drain_forwarders)
         runtime.role = self
 
@@ -148,6 +200,7 @@ class Worker(BaseRole):
         """Serve actors until the controller says SHUTDOWN; returns the exit status."""
         rt = self.rt
         self.forwarders = install_forwarders(rt)
+        self.heartbeat.start()
         self._loop(_WATCH_PERIOD, self._watch_controller)
         cells = rt.actors.stop_all("job shutdown", lambda: None)
         stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
@@ -157,6 +210,7 @@ class Worker(BaseRole):
         rt.close_bell()
         leave_job_dir(rt.controller_pid, list(rt.dead))
         drain_all(self.forwarders)
+        self.heartbeat.stop()
         rt.send(CONTROLLER, protocol.bye(len(stuck)))
         rt.drain_sends(2.0)
         if self.spawned:

@@ -286,6 +286,11 @@ class Router:
         """When this process last sent a frame (``time.monotonic``)."""
         return self._sent_at
 
+    @property
+    def polls(self) -> int:
+        """Polls made so far; one that stays put means the polling has stalled (a worker's heartbeat watches it)."""
+        return self._polls
+
     # -- sending -----------------------------------------------------------
 
     def send(self, dest: Addr, frame: Frame, buffers: Sequence[Any] = ()) -> None:
