@@ -63,7 +63,7 @@ import os
 import select
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Protocol
 
 from .._core import protocol
@@ -199,11 +199,24 @@ class Liveness:
 
     Args:
         runtime: the controller's runtime.
+        timeout: seconds of silence that make a worker dead (default:
+            ``MPIMESH_HEARTBEAT_TIMEOUT``).
+        clock: the time, in seconds (tests pass a fake).
+        proc: what ``/proc`` says of a pid, as :func:`progress` (tests pass a fake).
     """
 
-    def __init__(self, runtime: Process) -> None:
+    def __init__(
+        self,
+        runtime: Process,
+        *,
+        timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        proc: Callable[[int], tuple[str, float, bool] | None] = progress,
+    ) -> None:
         self.rt = runtime
-        self.timeout = settings.heartbeat_timeout
+        self.timeout = settings.heartbeat_timeout if timeout is None else timeout
+        self._clock = clock
+        self._proc = proc
         self.ping_after = min(PING_AFTER, self.timeout / 4)
         self.deaf_after = min(_DEAF_AFTER, self.timeout / 10)
         self._poller = select.poll()
@@ -216,7 +229,7 @@ class Liveness:
         # one on another node can tell when the controller is gone.
         self._pinged: dict[Addr, float] = {}
         # when the controller last listened (a poll, a heartbeat round)
-        self._listened = time.monotonic()
+        self._listened = self._clock()
         # same-host workers: addr -> pid, for /proc
         self._pids: dict[Addr, int] = {}
         # a quiet same-host worker: addr -> (its last_heard then, CPU seconds, when)
@@ -228,7 +241,7 @@ class Liveness:
 
     def watch(self, addr: Addr, pid: int, host: str) -> None:
         """Start watching a worker (after its hello)."""
-        self.last_heard[addr] = time.monotonic()
+        self.last_heard[addr] = self._clock()
         if not pid or host != self.rt.host or not hasattr(os, "pidfd_open"):
             return  # another node: heartbeats only
         try:
@@ -285,7 +298,7 @@ class Liveness:
 
     def check(self) -> None:
         """Declare dead every watched process that has exited (cheap: one poll(2))."""
-        self.listen(time.monotonic())
+        self.listen(self._clock())
         if not self._fds:
             return
         for fd, _ in self._poller.poll(0):
@@ -296,7 +309,7 @@ class Liveness:
 
     def heartbeat(self) -> None:
         """PING quiet workers; declare dead those silent past the timeout."""
-        now = time.monotonic()
+        now = self._clock()
         self.listen(now)
         if now < self._next_heartbeat:
             return
@@ -328,7 +341,7 @@ class Liveness:
         quiet = self._quiet.get(addr)
         if quiet is not None and quiet[0] == heard:
             return
-        seen = progress(self._pids[addr])
+        seen = self._proc(self._pids[addr])
         if seen is not None:
             self._quiet[addr] = (heard, seen[1], now)
 
@@ -339,7 +352,7 @@ class Liveness:
         pid = self._pids.get(addr)
         if pid is None:
             return False  # another host: silence is all there is
-        seen = progress(pid)
+        seen = self._proc(pid)
         if seen is None:
             return False  # gone: the pidfd tells why at the next check
         state, cpu, running = seen
