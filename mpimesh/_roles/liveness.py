@@ -327,7 +327,9 @@ class Liveness:
                     addr, f"stopped answering: silent for {silent:.1f} s (MPIMESH_HEARTBEAT_TIMEOUT={self.timeout:g})"
                 )
             elif silent > self.ping_after or now - self._pinged.get(addr, 0.0) > self.timeout / 2:
-                if silent > self.ping_after and addr in self._pids:
+                if silent > self.timeout / 2 and addr in self._pids:
+                    # An idle worker answers its PING within milliseconds, so
+                    # it never gets here: /proc is read for the silent only.
                     self._note_quiet(addr, heard, now)
                 self._pinged[addr] = now
                 self._ping += 1

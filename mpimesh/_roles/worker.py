@@ -310,4 +310,6 @@ def run(boot: Callable[[], Worker]) -> int:
     except BaseException:
         traceback.print_exc()
         code = 1
+    if worker is not None:
+        worker.heartbeat.stop()  # no MPI call from it once MPI_Finalize may run
     return finish(code, worker is not None and (worker.deaths or bool(worker.rt.dead)))
