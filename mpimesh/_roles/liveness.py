@@ -32,21 +32,23 @@ by ending the job.  Silence can be the listener's fault or the speaker's:
   is alive whenever its polling has stalled, through the send path alone,
   which a receive never blocks.
 * *the worker could not run Python at all*: an actor holding the GIL in a
-  long C call.  A same-host worker that is silent past the timeout is
-  declared dead only if ``/proc`` shows no progress: it is stopped (SIGSTOP,
-  state ``T``), or none of its threads is running and it used less than
-  :data:`_BUSY_CPU` of a core since it went quiet (a deadlock, a C call that
-  sleeps with the GIL held).  CPU time spent is progress, counted as life.
-  A worker on another host has no ``/proc`` here: its silence is all there
-  is, so one that holds the GIL past the timeout is declared dead (a
-  heartbeat from a thread that needs no GIL would also keep a deadlocked
-  process alive for ever).
+  long C call.  CPU time spent is progress, counted as life.  A same-host
+  worker that is silent past the timeout is declared dead only if ``/proc``
+  shows no progress: it is stopped (SIGSTOP, state ``T``), or none of its
+  threads is running and it used less than :data:`BUSY_CPU` of a core since
+  half the timeout (a deadlock, a C call that sleeps with the GIL held).  A
+  worker on another host, which has no ``/proc`` here, says it itself: a
+  thread in C that needs no GIL (``native/beat.c``) sends a heartbeat every
+  half ping interval in which the process used that much CPU.  A heartbeat
+  thread that sent regardless would keep a deadlocked process alive for
+  ever; gated on CPU time, it does not.
 
 What is still declared dead: a process that exited (pidfd, at once), one
 stopped or hung with no CPU progress for the timeout, and one on another
-host silent for the timeout (lost node, SIGSTOP, GIL held).  What is not: a
-process that spins for ever in C code is indistinguishable from a long
-computation, and is bounded by the caller's timeout.
+host silent for the timeout (lost node, SIGSTOP, hung; or holding the GIL
+where the native part is not built).  What is not: a process that spins for
+ever in C code is indistinguishable from a long computation, and is bounded
+by the caller's timeout.
 
 The cause comes from the worker's *last words*: every worker points Python's
 ``faulthandler`` at a file of its own, so a fatal signal (SIGSEGV, SIGABRT,
@@ -73,7 +75,8 @@ from .._transport.bell import bell_path, job_dir
 from ..config import settings
 
 __all__ = [
-    "PING_AFTER", "Liveness", "Process", "job_dir", "last_words_path", "progress", "start_last_words", "stop_last_words"
+    "BUSY_CPU", "PING_AFTER", "Liveness", "Process", "job_dir", "last_words_path", "progress", "start_last_words",
+    "stop_last_words",
 ]
 
 Addr = tuple[int, int]
@@ -112,9 +115,9 @@ PING_AFTER = 2.0
 # of the heartbeat timeout, if less) is deafness: the excess does not count
 # as anyone's silence.  An idle controller polls every few milliseconds.
 _DEAF_AFTER = 0.25
-# A silent same-host worker that used at least this share of one core since
-# it went quiet is busy, not hung.
-_BUSY_CPU = 0.1
+#: A silent same-host worker that used at least this share of one core since
+#: it went quiet is busy, not hung (a worker's native heartbeat uses the same share).
+BUSY_CPU = 0.1
 _CLOCK_TICK = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 _last_words: IO[str] | None = None
@@ -366,7 +369,7 @@ class Liveness:
             return True
         if quiet is None or quiet[0] != heard:
             return True  # no measure of this silence yet: give it one window
-        return cpu - quiet[1] >= _BUSY_CPU * (now - quiet[2])
+        return cpu - quiet[1] >= BUSY_CPU * (now - quiet[2])
 
     def cause(self, addr: Addr) -> str:
         """Why ``addr`` died, from its last words if it left any."""

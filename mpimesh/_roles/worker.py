@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -24,13 +25,14 @@ from .._core.logs import Forwarder, drain_all, install_forwarders, warn
 from .._core.ports import OneReply
 from .._core.protocol import CONTROLLER, Frame, Kind
 from .._core.runtime import Runtime, extend_sys_path
+from .._transport.frames import TAG_FRAME
 from .._transport.mpi import MPI, library
 from ..config import settings
 from ..future import Future
 from ..supervision import MeshFailure
 from .base import BaseRole
 from .job_status import set_job_exit_status
-from .liveness import PING_AFTER, leave_job_dir, stop_last_words
+from .liveness import BUSY_CPU, PING_AFTER, leave_job_dir, stop_last_words
 
 __all__ = ["Worker", "finish", "run"]
 
@@ -49,8 +51,14 @@ class Heartbeat:
     meanwhile.  This thread looks every half ping interval and, if no poll
     has been made since its last look, sends a heartbeat (a quiet PING)
     itself, through the send path alone, which no receive blocks
-    (issue #14 item 11; see ``_roles.liveness``).  It needs the GIL: a
-    process hung with the GIL held stays silent, as it should.
+    (issue #14 item 11; see ``_roles.liveness``).
+
+    It needs the GIL, which an actor in a long C call may hold.  So where the
+    native part is bound, a thread in C (``native/beat.c``) also sends a
+    heartbeat every half ping interval in which the process used at least
+    :data:`~.liveness.BUSY_CPU` of a core: a busy process lives, while one
+    stopped, or hung without using the CPU, stays silent and is declared
+    dead, on any host.
 
     Args:
         runtime: this worker's runtime.
@@ -62,18 +70,30 @@ class Heartbeat:
         self.period = min(PING_AFTER, settings.heartbeat_timeout / 4) / 2
         #: statistics: heartbeats sent because the polling had stalled
         self.sent = 0
+        # the native part, while its heartbeat thread runs
+        self._native: Any = None
+        self._native_sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mpimesh-heartbeat", daemon=True)
+
+    @property
+    def native_sent(self) -> int:
+        """Statistics: heartbeats the native thread sent because the process was busy."""
+        return int(self._native.beat_sent()) if self._native is not None else self._native_sent
 
     def start(self) -> None:
         """Start looking (non-blocking)."""
         self._thread.start()
+        self._native = _start_native(self.rt, self.period)
 
     def stop(self) -> None:
-        """Stop looking; waits at most one period for the thread to end."""
+        """Stop looking; waits at most one period for the threads to end."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(self.period + 1.0)
+        if self._native is not None:
+            self._native_sent = int(self._native.beat_stop())
+            self._native = None
 
     def _run(self) -> None:
         router = self.rt.router
@@ -88,6 +108,22 @@ class Heartbeat:
                 except ConnectionError:
                     return  # the controller is gone: _watch_controller ends this process
             seen = polls
+
+
+def _start_native(rt: Runtime, period: float) -> Any:
+    """Start the native heartbeat thread; returns ``mpimesh._native``, or None where it cannot run."""
+    from .._transport import native
+
+    if not native.bind():
+        return None  # not built, or MPIMESH_WIRE=mpi4py: the Python thread alone
+    from .. import _native
+
+    link = rt.router.controller_link()
+    if not hasattr(_native, "beat_start") or link is None:
+        return None  # an older build
+    handle, rank = link
+    _native.beat_start(handle, rank, TAG_FRAME, pickle.dumps(protocol.ping(0), protocol=5), period, BUSY_CPU)
+    return _native
 
 
 class Worker(BaseRole):

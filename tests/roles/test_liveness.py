@@ -236,6 +236,18 @@ def test_progress_of_a_stopped_process_and_of_none() -> None:
 # ---------------------------------------------------------------------------
 # jobs: load for several heartbeat timeouts
 
+
+def needs_native_beat() -> None:
+    """Skip where a worker has no native heartbeat (the native part not built, or older)."""
+    from mpimesh._transport import native
+
+    if not native.bind():
+        pytest.skip(f"no native heartbeat: {native.why_not}")
+    from mpimesh import _native
+
+    if not hasattr(_native, "beat_start"):
+        pytest.skip("no native heartbeat: mpimesh._native is out of date; rebuild it")
+
 #: MPIMESH_HEARTBEAT_TIMEOUT of the jobs; each load lasts several times this.
 JOB_TIMEOUT = 0.3
 
@@ -268,14 +280,15 @@ class W(Actor):
                 time.sleep(8 * TIMEOUT)
         elif kind == "hung":
             ctypes.PyDLL(None).usleep(int(30e6))  # the GIL held, no CPU used: hung in C
-        return {"held": time.monotonic() - start, "heartbeats": current.runtime.role.heartbeat.sent}
+        beat = current.runtime.role.heartbeat
+        return {"held": time.monotonic() - start, "heartbeats": beat.sent, "native": beat.native_sent}
 
 
 def emit(**row):
     print("ROW " + json.dumps(row), flush=True)
 
 
-kind = sys.argv[1]
+load = kind = sys.argv[1]
 failures = []
 mpimesh.unhandled_fault_hook = failures.append
 mesh = this_host().spawn_procs(per_host={"gpus": 2}).spawn("w", W)
@@ -283,12 +296,16 @@ pids = sorted(mesh.pid.call().get(30).values())
 one = mesh.slice(gpus=0)
 start = time.monotonic()
 try:
-    if kind == "deaf_controller":
+    if load == "deaf_controller":
         ctypes.PyDLL(None).usleep(int(8 * TIMEOUT * 1e6))  # the controller holds the GIL: deaf
         value = {"held": time.monotonic() - start}
     else:
+        if kind.endswith("_remote"):
+            # as if the workers ran on another host: no /proc verdicts, only what they send
+            current.runtime.role.liveness._pids.clear()
+            kind = kind[:-len("_remote")]
         value = one.load.call_one(kind).get(60)
-    if kind == "big_result":
+    if load == "big_result":
         value = {"nbytes": int(value.nbytes), "ones": bool(value[::1 << 20].all())}
     row = {"type": None, "value": value}
 except Exception as exc:
@@ -321,10 +338,15 @@ def loaded_job(kind: str, tmp_path: Path) -> mpitest.Job:
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize("kind", ["big_result", "gil", "mpi_lock", "deaf_controller"])
+@pytest.mark.parametrize("kind", ["big_result", "gil", "gil_remote", "mpi_lock", "deaf_controller"])
 def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
     """A job loaded for several heartbeat timeouts (a 2 GB result, an actor holding the GIL or the router's
-    lock, a controller holding the GIL) loses no process: the call returns, later calls reach every actor."""
+    lock, a controller holding the GIL) loses no process: the call returns, later calls reach every actor.
+
+    ``gil_remote``: the controller judges the worker as one on another host
+    (no ``/proc``): the worker's native heartbeat keeps it alive."""
+    if kind == "gil_remote":
+        needs_native_beat()
     job = loaded_job(kind, tmp_path)
     rows = job.rows
     load: dict[str, Any] = rows["load"]
@@ -338,6 +360,8 @@ def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
         assert load["deaf"] > JOB_TIMEOUT, job.describe()  # the controller's poll sat in the receive
     elif kind == "gil":
         assert value["held"] > 2 * JOB_TIMEOUT and load["busy"] >= 1, job.describe()
+    elif kind == "gil_remote":
+        assert value["held"] > 2 * JOB_TIMEOUT and value["native"] >= 2 and load["busy"] == 0, job.describe()
     elif kind == "mpi_lock":
         assert value["held"] > 2 * JOB_TIMEOUT and value["heartbeats"] >= 2, job.describe()
     else:
@@ -345,9 +369,13 @@ def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
-def test_worker_hung_in_c_is_declared_dead(tmp_path: Path) -> None:
-    """A worker hung in C with the GIL held and no CPU used is dead after the timeout, and ended at exit."""
-    job = loaded_job("hung", tmp_path)
+@pytest.mark.parametrize("kind", ["hung", "hung_remote"])
+def test_worker_hung_in_c_is_declared_dead(kind: str, tmp_path: Path) -> None:
+    """A worker hung in C with the GIL held and no CPU used is dead after the timeout, and ended at exit.
+
+    ``hung_remote``: judged as a worker on another host, whose native
+    heartbeat sends nothing while the process uses no CPU."""
+    job = loaded_job(kind, tmp_path)
     rows = job.rows
     load = rows["load"]
     silent = rf"stopped answering: silent for \d+\.\d s \(MPIMESH_HEARTBEAT_TIMEOUT={JOB_TIMEOUT:g}\)"
