@@ -294,6 +294,7 @@ mpimesh.unhandled_fault_hook = failures.append
 mesh = this_host().spawn_procs(per_host={"gpus": 2}).spawn("w", W)
 pids = sorted(mesh.pid.call().get(30).values())
 one = mesh.slice(gpus=0)
+loaded_pid = one.pid.call_one().get(30)
 start = time.monotonic()
 try:
     if load == "deaf_controller":
@@ -312,7 +313,7 @@ except Exception as exc:
     row = {"type": type(exc).__name__, "message": str(exc)}
 row["seconds"] = time.monotonic() - start
 liveness = current.runtime.role.liveness
-row.update(deaf=liveness.deaf_seconds, busy=liveness.busy_verdicts, pid=pids[0])
+row.update(deaf=liveness.deaf_seconds, busy=liveness.busy_verdicts, pid=loaded_pid)
 emit(adverb="load", **row)
 try:
     alive = sorted(mesh.pid.call().get(10).values())
@@ -330,7 +331,10 @@ ENV = {"MPIMESH_HEARTBEAT_TIMEOUT": str(JOB_TIMEOUT), "MPIMESH_SHUTDOWN_TIMEOUT"
 def loaded_job(kind: str, tmp_path: Path) -> mpitest.Job:
     path = tmp_path / "job.py"
     path.write_text(LOADED)
-    job = mpitest.run_job(python_cmd("-m", "mpimesh", str(path), kind), timeout=100, env=ENV)
+    env: dict[str, str | None] = dict(ENV)
+    if kind == "gil":
+        env["MPIMESH_WIRE"] = "mpi4py"  # no native heartbeat: the controller's /proc verdict alone saves it
+    job = mpitest.run_job(python_cmd("-m", "mpimesh", str(path), kind), timeout=100, env=env)
     assert not job.hung and job.returncode == 0, job.describe()
     assert job.after_end is not None and job.after_end < EXIT_BOUND, job.describe()
     assert job.orphans == [], job.describe()
@@ -343,8 +347,10 @@ def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
     """A job loaded for several heartbeat timeouts (a 2 GB result, an actor holding the GIL or the router's
     lock, a controller holding the GIL) loses no process: the call returns, later calls reach every actor.
 
-    ``gil_remote``: the controller judges the worker as one on another host
-    (no ``/proc``): the worker's native heartbeat keeps it alive."""
+    ``gil``: without the native part (``MPIMESH_WIRE=mpi4py``), the
+    controller's ``/proc`` verdict keeps it alive; ``gil_remote``: the
+    controller judges the worker as one on another host (no ``/proc``), and
+    the worker's native heartbeat keeps it alive."""
     if kind == "gil_remote":
         needs_native_beat()
     job = loaded_job(kind, tmp_path)
@@ -359,7 +365,7 @@ def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
         assert value == {"nbytes": 2_000_000_000, "ones": True}, job.describe()
         assert load["deaf"] > JOB_TIMEOUT, job.describe()  # the controller's poll sat in the receive
     elif kind == "gil":
-        assert value["held"] > 2 * JOB_TIMEOUT and load["busy"] >= 1, job.describe()
+        assert value["held"] > 2 * JOB_TIMEOUT and load["busy"] >= 1 and value["native"] == 0, job.describe()
     elif kind == "gil_remote":
         assert value["held"] > 2 * JOB_TIMEOUT and value["native"] >= 2 and load["busy"] == 0, job.describe()
     elif kind == "mpi_lock":
