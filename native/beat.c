@@ -26,6 +26,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -109,8 +110,11 @@ PyObject *mpimesh_beat_start(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (!(p > 0.0)) {
+        char text[80];
         PyBuffer_Release(&buf);
-        return PyErr_Format(PyExc_ValueError, "beat_start: expecting a period > 0, got %g", p);
+        snprintf(text, sizeof text, "beat_start: expecting a period > 0, got %g", p); /* PyErr_Format has no %g */
+        PyErr_SetString(PyExc_ValueError, text);
+        return NULL;
     }
     if (running) {
         PyBuffer_Release(&buf);

@@ -391,3 +391,59 @@ def test_worker_hung_in_c_is_declared_dead(kind: str, tmp_path: Path) -> None:
     assert load["seconds"] < JOB_TIMEOUT + 4.0, job.describe()  # silence counts from the last frame, before the call
     assert rows["later"]["type"] == "SupervisionError", job.describe()
     assert len(rows["failures"]["value"]) == 1, job.describe()
+
+
+# ---------------------------------------------------------------------------
+# the native heartbeat thread, on this process alone
+
+BEAT_TAG = 4242
+
+
+def test_native_heartbeat_sends_while_busy() -> None:
+    """With no CPU share asked, the thread sends its frame every period, to the rank and tag given."""
+    needs_native_beat()
+    from mpi4py import MPI
+
+    from mpimesh import _native
+
+    comm = MPI.COMM_SELF
+    _native.beat_start(comm.handle, 0, BEAT_TAG, b"alive", 0.001, 0.0)
+    try:
+        got = bytearray(16)
+        status = MPI.Status()
+        comm.Recv(got, 0, BEAT_TAG, status)  # the first heartbeat, within a period
+        assert bytes(got[:status.Get_count(MPI.BYTE)]) == b"alive"
+    finally:
+        sent = _native.beat_stop()
+    assert sent >= 1
+    while comm.iprobe(0, BEAT_TAG):  # leave nothing behind
+        comm.Recv(got, 0, BEAT_TAG)
+
+
+def test_native_heartbeat_is_silent_while_idle() -> None:
+    """A process that does not use the share of a core asked sends nothing: a hung process stays silent."""
+    needs_native_beat()
+    from mpi4py import MPI
+
+    from mpimesh import _native
+
+    _native.beat_start(MPI.COMM_SELF.handle, 0, BEAT_TAG, b"alive", 0.001, 1e9)
+    assert _native.beat_stop() == 0
+    assert not MPI.COMM_SELF.iprobe(0, BEAT_TAG)
+
+
+def test_native_heartbeat_misuse() -> None:
+    """A period that is not positive, or a second start, is refused with the fix."""
+    needs_native_beat()
+    from mpi4py import MPI
+
+    from mpimesh import _native
+
+    with pytest.raises(ValueError, match=r"^beat_start: expecting a period > 0, got 0$"):
+        _native.beat_start(MPI.COMM_SELF.handle, 0, BEAT_TAG, b"alive", 0.0, 0.1)
+    _native.beat_start(MPI.COMM_SELF.handle, 0, BEAT_TAG, b"alive", 10.0, 1e9)
+    try:
+        with pytest.raises(RuntimeError, match=r"^beat_start: the heartbeat runs already; call beat_stop\(\) first$"):
+            _native.beat_start(MPI.COMM_SELF.handle, 0, BEAT_TAG, b"alive", 10.0, 1e9)
+    finally:
+        assert _native.beat_stop() == 0
