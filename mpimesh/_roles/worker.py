@@ -153,6 +153,9 @@ class Worker(BaseRole):
         self.forwarders: list[Forwarder] = []
         #: speaks for this worker while its polling stalls, once it serves
         self.heartbeat = Heartbeat(runtime)
+        # When the controller's silence is counted from (see _controller_alive).
+        self._watched = time.monotonic()
+        self._silent_since = 0.0
         runtime.every_ms(self._drain_forwarders)
         runtime.role = self
 
@@ -273,7 +276,16 @@ class Worker(BaseRole):
         if rt.controller_host != rt.host:
             # Another node: the controller pings every worker at least every
             # half heartbeat timeout; twice the timeout of silence means it is gone.
-            return time.monotonic() - rt.router.heard_controller < 2 * settings.heartbeat_timeout
+            # Silence counts only while this worker could listen: an actor
+            # holding the GIL for seconds kept this thread (and the polls
+            # that would have read the PINGs waiting in MPI) from running,
+            # and the worker ended itself (issue #14 item 11).
+            now = time.monotonic()
+            gap, self._watched = now - self._watched, now
+            since = max(rt.router.heard_controller, self._silent_since)
+            if gap > 2 * _WATCH_PERIOD:
+                since = self._silent_since = min(now, since + gap - _WATCH_PERIOD)
+            return now - since < 2 * settings.heartbeat_timeout
         try:
             os.kill(rt.controller_pid, 0)
         except ProcessLookupError:
