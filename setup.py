@@ -55,7 +55,8 @@ class BuildExt(build_ext):
 
 native = Extension(
     "mpimesh._native",
-    sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c", "native/pump.c", "native/post.c"],
+    sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c", "native/pump.c", "native/post.c",
+             "native/beat.c"],
     depends=["native/compat.h", "native/cuda_aware.h", "native/wire.h"],
     include_dirs=["native"],
     libraries=["dl"],

@@ -42,7 +42,9 @@ class Config:
             (``MPIMESH_SPAWN_TIMEOUT``).
         heartbeat_timeout: Seconds of silence after which the controller
             declares a worker dead (``MPIMESH_HEARTBEAT_TIMEOUT``); same-host
-            deaths are seen at once, without waiting for this.
+            deaths are seen at once, without waiting for this.  Silence
+            counts only while the controller polls, and a same-host worker
+            that is running or using CPU is busy, not dead (``_roles.liveness``).
         oob_threshold: Buffers of at least this many bytes inside arguments
             and results travel as raw MPI messages (``MPIMESH_OOB_THRESHOLD``).
         log_forward: Workers' Python output goes to the controller, prefixed

@@ -43,6 +43,12 @@ static PyMethodDef methods[] = {
      "Receive one message of tag from any source of the communicators, probing up to spin_ns (GIL released)."},
     {"wire_isend", mpimesh_wire_isend, METH_VARARGS,
      "wire_isend(handle, data, dest, tag) -> None | request handle\n\nStart a send and test it once."},
+    {"beat_start", mpimesh_beat_start, METH_VARARGS,
+     "beat_start(handle, dest, tag, data, period, share) -> None\n\nStart the heartbeat thread: every period\n"
+     "seconds in which the process used at least share of a core, send data to dest (no GIL needed)."},
+    {"beat_stop", mpimesh_beat_stop, METH_NOARGS,
+     "beat_stop() -> int\n\nStop the heartbeat thread (GIL released while it ends); the heartbeats it sent."},
+    {"beat_sent", mpimesh_beat_sent, METH_NOARGS, "beat_sent() -> int\n\nHeartbeats sent so far."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,6 +39,11 @@ int mpimesh_wire_bound(void);
 /* An mpi4py communicator handle (an int) to the communicator; 0 with an exception set if not one. */
 int mpimesh_wire_handle(PyObject *obj, MPI_Comm *comm);
 
+/* The heartbeat thread (beat.c). */
+PyObject *mpimesh_beat_start(PyObject *self, PyObject *args);
+PyObject *mpimesh_beat_stop(PyObject *self, PyObject *args);
+PyObject *mpimesh_beat_sent(PyObject *self, PyObject *args);
+
 /* The Pump type (pump.c) and the Out and Sender types (post.c), added to the
  * module by PyInit__native. */
 int mpimesh_pump_add(PyObject *module);

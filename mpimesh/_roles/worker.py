@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -24,13 +25,14 @@ from .._core.logs import Forwarder, go_local, install_forwarders, warn
 from .._core.ports import OneReply
 from .._core.protocol import CONTROLLER, Frame, Kind
 from .._core.runtime import Runtime, extend_sys_path
+from .._transport.frames import TAG_FRAME
 from .._transport.mpi import MPI, library
 from ..config import settings
 from ..future import Future
 from ..supervision import MeshFailure
 from .base import BaseRole
 from .job_status import set_job_exit_status
-from .liveness import leave_job_dir, stop_last_words
+from .liveness import BUSY_CPU, PING_AFTER, leave_job_dir, stop_last_words
 
 __all__ = ["Worker", "finish", "run"]
 
@@ -38,6 +40,90 @@ Addr = tuple[int, int]
 
 # How often an idle worker checks that its controller still exists.
 _WATCH_PERIOD = 0.25
+
+
+class Heartbeat:
+    """Tells the controller that this worker lives while its polling has stalled.
+
+    The controller's PING is answered by whichever thread polls; a poll that
+    spends seconds receiving a large payload, or that waits for the router's
+    lock while an actor holds it for a long MPI call, answers nothing
+    meanwhile.  This thread looks every half ping interval and, if no poll
+    has been made since its last look, sends a heartbeat (a quiet PING)
+    itself, through the send path alone, which no receive blocks
+    (issue #14 item 11; see ``_roles.liveness``).
+
+    It needs the GIL, which an actor in a long C call may hold.  So where the
+    native part is bound, a thread in C (``native/beat.c``) also sends a
+    heartbeat every half ping interval in which the process used at least
+    :data:`~.liveness.BUSY_CPU` of a core: a busy process lives, while one
+    stopped, or hung without using the CPU, stays silent and is declared
+    dead, on any host.
+
+    Args:
+        runtime: this worker's runtime.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        #: seconds between two looks
+        self.period = min(PING_AFTER, settings.heartbeat_timeout / 4) / 2
+        #: statistics: heartbeats sent because the polling had stalled
+        self.sent = 0
+        # the native part, while its heartbeat thread runs
+        self._native: Any = None
+        self._native_sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mpimesh-heartbeat", daemon=True)
+
+    @property
+    def native_sent(self) -> int:
+        """Statistics: heartbeats the native thread sent because the process was busy."""
+        return int(self._native.beat_sent()) if self._native is not None else self._native_sent
+
+    def start(self) -> None:
+        """Start looking (non-blocking)."""
+        self._thread.start()
+        self._native = _start_native(self.rt, self.period)
+
+    def stop(self) -> None:
+        """Stop looking; waits at most one period for the threads to end."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.period + 1.0)
+        if self._native is not None:
+            self._native_sent = int(self._native.beat_stop())
+            self._native = None
+
+    def _run(self) -> None:
+        router = self.rt.router
+        seen = router.polls
+        while not self._stop.wait(self.period):
+            polls = router.polls
+            if polls == seen:
+                self.sent += 1
+                try:
+                    router.flush()  # frames held for a batch would wait for the stalled poll too
+                    router.send_quiet(CONTROLLER, protocol.ping(-self.sent))
+                except ConnectionError:
+                    return  # the controller is gone: _watch_controller ends this process
+            seen = polls
+
+
+def _start_native(rt: Runtime, period: float) -> Any:
+    """Start the native heartbeat thread; returns ``mpimesh._native``, or None where it cannot run."""
+    from .._transport import native
+
+    if not native.bind():
+        return None  # not built, or MPIMESH_WIRE=mpi4py: the Python thread alone
+    from .. import _native
+
+    link = rt.router.controller_link()
+    if not hasattr(_native, "beat_start") or link is None:
+        return None  # an older build
+    handle, rank = link
+    _native.beat_start(handle, rank, TAG_FRAME, pickle.dumps(protocol.ping(0), protocol=5), period, BUSY_CPU)
+    return _native
 
 
 class Worker(BaseRole):
@@ -65,6 +151,11 @@ class Worker(BaseRole):
         self.deaths = False
         #: this worker's stdout and stderr, once it serves (``_core.logs``)
         self.forwarders: list[Forwarder] = []
+        #: speaks for this worker while its polling stalls, once it serves
+        self.heartbeat = Heartbeat(runtime)
+        # When the controller's silence is counted from (see _controller_alive).
+        self._watched = time.monotonic()
+        self._silent_since = 0.0
         runtime.every_ms(self._drain_forwarders)
         runtime.role = self
 
@@ -148,6 +239,7 @@ class Worker(BaseRole):
         """Serve actors until the controller says SHUTDOWN; returns the exit status."""
         rt = self.rt
         self.forwarders = install_forwarders(rt)
+        self.heartbeat.start()
         self._loop(_WATCH_PERIOD, self._watch_controller)
         cells = rt.actors.stop_all("job shutdown", lambda: None, owned=False)
         stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
@@ -157,6 +249,7 @@ class Worker(BaseRole):
         rt.close_bell()
         leave_job_dir(rt.controller_pid, list(rt.dead))
         go_local(self.forwarders)
+        self.heartbeat.stop()
         rt.send(CONTROLLER, protocol.bye(len(stuck)))
         rt.drain_sends(2.0)
         if self.spawned:
@@ -183,7 +276,16 @@ class Worker(BaseRole):
         if rt.controller_host != rt.host:
             # Another node: the controller pings every worker at least every
             # half heartbeat timeout; twice the timeout of silence means it is gone.
-            return time.monotonic() - rt.router.heard_controller < 2 * settings.heartbeat_timeout
+            # Silence counts only while this worker could listen: an actor
+            # holding the GIL for seconds kept this thread (and the polls
+            # that would have read the PINGs waiting in MPI) from running,
+            # and the worker ended itself (issue #14 item 11).
+            now = time.monotonic()
+            gap, self._watched = now - self._watched, now
+            since = max(rt.router.heard_controller, self._silent_since)
+            if gap > 2 * _WATCH_PERIOD:
+                since = self._silent_since = min(now, since + gap - _WATCH_PERIOD)
+            return now - since < 2 * settings.heartbeat_timeout
         try:
             os.kill(rt.controller_pid, 0)
         except ProcessLookupError:
@@ -254,4 +356,6 @@ def run(boot: Callable[[], Worker]) -> int:
     except BaseException:
         traceback.print_exc()
         code = 1
+    if worker is not None:
+        worker.heartbeat.stop()  # no MPI call from it once MPI_Finalize may run
     return finish(code, worker is not None and (worker.deaths or bool(worker.rt.dead)))

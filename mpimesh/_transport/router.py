@@ -234,6 +234,21 @@ class Router:
             link.outs.clear()
         return link.comm
 
+    def controller_link(self) -> tuple[int, int] | None:
+        """The handle of the communicator that reaches the controller directly, and its rank there.
+
+        ``None`` in the controller itself.  A worker's native heartbeat
+        (``_roles.worker.Heartbeat``) sends on it from a thread of its own.
+        """
+        if self.addr == CONTROLLER:
+            return None
+        link = self._routes.get(CONTROLLER[0])
+        if link is not None:
+            return link.handle, CONTROLLER[1]
+        if self._parent is not None:
+            return self._parent.handle, 0
+        return None
+
     def islands(self) -> list[int]:
         """Islands with a direct route."""
         return list(self._routes)
@@ -285,6 +300,11 @@ class Router:
     def sent_at(self) -> float:
         """When this process last sent a frame (``time.monotonic``)."""
         return self._sent_at
+
+    @property
+    def polls(self) -> int:
+        """Polls made so far; one that stays put means the polling has stalled (a worker's heartbeat watches it)."""
+        return self._polls
 
     # -- sending -----------------------------------------------------------
 
