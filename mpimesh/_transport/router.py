@@ -69,6 +69,17 @@ _FAILED_CLASSES = {
 # Raw buffers from this size on keep the sender polling tight until they are sent.
 _BULK = 1 << 20
 
+# MPI-3 counts are C ints: a raw buffer of 2 GiB or more travels in pieces of
+# at most this many bytes (Open MPI 5 reports MPI 3.1, without MPI_Isend_c).
+_PIECE = 1 << 30
+
+
+def pieces(nbytes: int, piece: int = _PIECE) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` byte ranges a raw buffer of ``nbytes`` travels in, in order (one for most)."""
+    if nbytes <= piece:
+        return [(0, nbytes)]
+    return [(start, min(start + piece, nbytes)) for start in range(0, nbytes, piece)]
+
 _monotonic = time.monotonic
 
 # How often a polling thread runs the router's every_ms hook.
@@ -426,8 +437,9 @@ class Router:
         for buf in buffers:
             view = memoryview(buf).cast("B")
             bulk = view.nbytes >= _BULK
-            self._bulk += bulk
-            sends.append((comm.Isend([view, MPI.BYTE], rank, TAG_DATA), buf, bulk))
+            for start, stop in pieces(view.nbytes):
+                self._bulk += bulk
+                sends.append((comm.Isend([view[start:stop], MPI.BYTE], rank, TAG_DATA), buf, bulk))
 
     def _release(self, out: Any) -> None:
         # Send the frames held for one process as one message (send lock held).
@@ -639,7 +651,9 @@ class Router:
         for size in sizes:
             # an int, or (size, offset) for a large buffer
             buf = recv_buffer(size) if type(size) is int else recv_buffer(*size)
-            comm.Recv([buf, MPI.BYTE], src, TAG_DATA)
+            view = memoryview(buf).cast("B")
+            for start, stop in pieces(view.nbytes):
+                comm.Recv([view[start:stop], MPI.BYTE], src, TAG_DATA)
             buffers.append(buf)
         return buffers
 
