@@ -6,6 +6,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import pytest
+from mpitest import spawning
 
 from mpimesh import (
     Actor,
@@ -190,8 +191,9 @@ class Tidy(Actor):
 def test_shutdown_context_stops_every_mesh_this_process_spawned() -> None:
     """shutdown_context() stops the process meshes not stopped yet (their actors clean up); twice is harmless."""
     said, heard = Channel[str].open()
-    first = this_host().spawn_procs(per_host={"gpus": 1})
-    second = this_host().spawn_procs(per_host={"gpus": 1})
+    with spawning():
+        first = this_host().spawn_procs(per_host={"gpus": 1})
+        second = this_host().spawn_procs(per_host={"gpus": 1})
     actors = [first.spawn("tidy", Tidy, said), second.spawn("tidy", Tidy, said)]
     assert [a.ping.call_one().get(30) for a in actors] == ["pong", "pong"]  # type: ignore[attr-defined]
     assert shutdown_context().get(60) is None
