@@ -64,6 +64,7 @@ import faulthandler
 import os
 import select
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterable
 from typing import IO, Protocol
@@ -195,6 +196,16 @@ def progress(pid: int) -> tuple[str, float, bool] | None:
         except (OSError, IndexError):
             continue  # the thread ended meanwhile
     return state, cpu, running
+
+
+#: faulthandler's names of the fatal signals it reports, and their numbers
+_FATAL_SIGNALS = {
+    "Segmentation fault": signal.SIGSEGV.value,
+    "Aborted": signal.SIGABRT.value,
+    "Bus error": signal.SIGBUS.value,
+    "Floating point exception": signal.SIGFPE.value,
+    "Illegal instruction": signal.SIGILL.value,
+}
 
 
 class Liveness:
@@ -382,7 +393,10 @@ class Liveness:
             words = ""
         for line in words.splitlines():
             if line.startswith("Fatal Python error:"):
-                return f"killed by a fatal signal ({line[len('Fatal Python error: '):].strip()})"
+                what = line[len("Fatal Python error: "):].strip()
+                number = _FATAL_SIGNALS.get(what)
+                monarch = f", Killed(sig={number})" if number else ""  # as Monarch names it
+                return f"killed by a fatal signal ({what}{monarch})"
         return "exited without a word (os._exit, SIGKILL or the OOM killer; the launcher's log has its exit status)"
 
     def close(self) -> None:

@@ -363,7 +363,7 @@ CAUSES = {
     "exit0": WITHOUT_A_WORD,
     "exit1": WITHOUT_A_WORD,
     "sigkill": WITHOUT_A_WORD,
-    "sigsegv": r"killed by a fatal signal \(Segmentation fault\)",
+    "sigsegv": r"killed by a fatal signal \(Segmentation fault, Killed\(sig=11\)\)",
 }
 
 
