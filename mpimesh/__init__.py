@@ -27,6 +27,7 @@ from .context import current_size as current_size
 from .errors import ActorError as ActorError
 from .errors import MeshInternalError as MeshInternalError
 from .errors import RemoteException as RemoteException
+from .errors import RemoteTensorError as RemoteTensorError
 from .errors import RemoteTraceback as RemoteTraceback
 from .errors import SupervisionError as SupervisionError
 from .future import Future as Future
@@ -74,6 +75,7 @@ __all__ = [
     "RDMAAction",
     "RDMABuffer",
     "RemoteException",
+    "RemoteTensorError",
     "RemoteTraceback",
     "Shape",
     "SupervisionError",
@@ -99,11 +101,29 @@ __all__ = [
     "unhandled_fault_hook",
 ]
 
+#: The tensor engine's names (mpimesh.tensor): they import torch, so they load on first use.
+_TENSOR = (
+    "Remote", "Replicate", "Shard", "Tensor", "distribute", "fetch_shard", "gather", "get_active_mesh", "inspect",
+    "no_mesh", "reduce", "reduce_", "remote",
+)
+__all__ += _TENSOR
+
+
+def __getattr__(name: str) -> object:
+    # PEP 562: only the tensor engine's names, so that workers never import torch by importing mpimesh.
+    if name in _TENSOR:
+        from . import tensor
+
+        return getattr(tensor, name)
+    raise AttributeError(f"module 'mpimesh' has no attribute {name!r}")
+
 
 def _fixup_module_metadata() -> None:
     # Public objects report `mpimesh` as their module (trio's
     # fixup_module_metadata): shorter reprs, and stable names in pickles.
     for name in __all__:
+        if name in _TENSOR:
+            continue
         obj = globals()[name]
         if getattr(obj, "__module__", "").startswith("mpimesh."):
             obj.__module__ = "mpimesh"

@@ -13,6 +13,7 @@ __all__ = [
     "ActorError",
     "MeshInternalError",
     "RemoteException",
+    "RemoteTensorError",
     "RemoteTraceback",
     "SupervisionError",
 ]
@@ -110,6 +111,31 @@ def _rebuild_actor_error(
     causes: tuple[str, ...] = (),
 ) -> ActorError:
     return ActorError(exception, formatted, header, rank=rank, coords=coords, host=host, causes=causes)
+
+
+class RemoteTensorError(Exception):
+    """A mesh tensor has no value: an operation it depends on failed on a worker.
+
+    Raised by ``fetch_shard(t).get()`` and ``inspect(t)`` (the tensor engine
+    runs ahead of the controller, so the failure shows at the next value the
+    script asks for), with the remote traceback as ``__cause__``.  Tensors
+    that do not depend on the failed operation keep working, and so does the
+    mesh.
+
+    Attributes:
+        what: the failed operation, e.g. ``aten.mm.default``.
+        site: the controller line that issued it.
+        error: the worker's exception, as text.
+    """
+
+    def __init__(self, what: str, site: str, error: str) -> None:
+        super().__init__(f"tensor engine: {what} issued at {site} failed: {error}")
+        self.what = what
+        self.site = site
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteTensorError, (self.what, self.site, self.error))
 
 
 class SupervisionError(RuntimeError):

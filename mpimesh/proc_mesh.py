@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future as _StdFuture
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar, cast
 
 from . import context as _context
@@ -128,6 +129,29 @@ class ProcMesh(MeshTrait):
             owned=True,
         )
         return cast(T, mesh)
+
+    def activate(self) -> AbstractContextManager[ProcMesh]:
+        """Make this mesh the active one: ``with procs.activate():`` torch calls run on its processes.
+
+        Inside the block, torch factory functions and operations make
+        :class:`mpimesh.Tensor` handles (the tensor engine, :mod:`mpimesh.tensor`;
+        imports torch).  Leaving the block sends what is queued without waiting.
+        """
+        from .tensor._handle import activate
+
+        return activate(self)
+
+    def rank_tensor(self, dim: str) -> Any:
+        """A mesh tensor holding each process's coordinate along ``dim`` (see :mod:`mpimesh.tensor`)."""
+        from .tensor import rank_tensor
+
+        return rank_tensor(self, dim)
+
+    def rank_tensors(self) -> dict[str, Any]:
+        """:meth:`rank_tensor` for every dimension."""
+        from .tensor import rank_tensors
+
+        return rank_tensors(self)
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor on these processes and give the processes back.

@@ -1,0 +1,43 @@
+"""The tensor engine: torch tensors that live on every process of a mesh, driven from the controller.
+
+Inside ``with procs.activate():`` torch calls run on every process of
+``procs``, each over its own local tensors, and return :class:`Tensor`
+handles at once; ``fetch_shard`` brings a value back; ``reduce`` runs MPI
+collectives over mesh dimensions; autograd and optimizers work through the
+handles.  Importing this package imports torch; ``import mpimesh`` does not
+(its tensor names load this package on first use).
+"""
+
+from ._distribute import Replicate as Replicate
+from ._distribute import Shard as Shard
+from ._distribute import distribute as distribute
+from ._distribute import gather as gather
+from ._fetch import fetch_shard as fetch_shard
+from ._fetch import inspect as inspect
+from ._fetch import rank_tensor as rank_tensor
+from ._fetch import rank_tensors as rank_tensors
+from ._handle import Tensor as Tensor
+from ._handle import active_mesh as get_active_mesh
+from ._handle import no_mesh as no_mesh
+from ._reduce import reduce as reduce
+from ._reduce import reduce_ as reduce_
+from ._remote import Remote as Remote
+from ._remote import remote as remote
+
+__all__ = [
+    "Remote",
+    "Replicate",
+    "Shard",
+    "Tensor",
+    "distribute",
+    "fetch_shard",
+    "gather",
+    "get_active_mesh",
+    "inspect",
+    "no_mesh",
+    "rank_tensor",
+    "rank_tensors",
+    "reduce",
+    "reduce_",
+    "remote",
+]

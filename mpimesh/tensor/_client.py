@@ -1,0 +1,152 @@
+"""Controller side of the tensor engine: one client per process mesh, batching commands to its engine.
+
+Commands are appended to a batch and leave as one ``broadcast`` to the
+engine actors of the mesh view they target when the batch is full, when the
+script asks for a value (``fetch_shard``), when it leaves ``activate()``, or
+when the next command targets another view.  The controller never waits for
+a worker to issue a command: what it needs to know (shapes, dtypes) it
+computes itself (:mod:`._handle`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import TYPE_CHECKING, Any, cast
+
+from ..config import settings
+from ..shape import Shape
+from ._commands import DEL, REDUCE
+
+if TYPE_CHECKING:
+    from ..actor_mesh import ActorMesh
+    from ..proc_mesh import ProcMesh
+
+Addr = tuple[int, int]
+
+__all__ = ["MeshClient", "client_of", "next_id"]
+
+#: Commands per message at most; a batch leaves earlier when a value is needed.
+BATCH = 256
+
+_ids = itertools.count(1)
+
+
+def next_id() -> int:
+    """A new tensor id, unique in this controller."""
+    return next(_ids)
+
+
+class MeshClient:
+    """The engine of one process mesh (all its views), seen from the controller."""
+
+    def __init__(self, procs: ProcMesh) -> None:
+        from ..proc_mesh import ProcMesh
+        from ._engine import Engine
+
+        addrs = procs._addrs
+        flat = ProcMesh(Shape.row_major(("rank",), (len(addrs),)), addrs, procs._hosts, key=procs._key)
+        self.addrs = addrs
+        self.engine: ActorMesh[Any] = cast("ActorMesh[Any]", flat.spawn("tensor_engine", Engine))
+        self._views: dict[Shape, ActorMesh[Any]] = {}
+        self._pending: list[tuple[Any, ...]] = []
+        self._pending_shape: Shape | None = None
+        self._deleted: list[int] = []
+        self._groups: dict[tuple[Shape, tuple[str, ...]], int] = {}
+        self._lock = threading.RLock()
+
+    def view(self, shape: Shape) -> ActorMesh[Any]:
+        """The engine actors of the processes of ``shape`` (a view of this mesh)."""
+        view = self._views.get(shape)
+        if view is None:
+            view = self._views[shape] = self.engine._new_with_shape(shape)
+        return view
+
+    def issue(self, shape: Shape, command: tuple[Any, ...]) -> None:
+        """Queue ``command`` for every process of ``shape``."""
+        with self._lock:
+            if self._pending_shape is not None and self._pending_shape != shape:
+                self._flush_locked()
+            self._pending_shape = shape
+            self._pending.append(command)
+            if len(self._pending) >= BATCH:
+                self._flush_locked()
+
+    def forget(self, id: int) -> None:
+        """The controller's handle on tensor ``id`` is gone: free it on the workers with the next batch.
+
+        Called from finalizers, in whatever thread collects the handle: it only appends.
+        """
+        self._deleted.append(id)
+
+    def flush(self) -> None:
+        """Send what is queued now."""
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._deleted:
+            deleted, self._deleted = self._deleted, []
+            # deletions go to every process: a tensor of any view is in the table of its processes only
+            if self._pending_shape is None or self._pending_shape != self.engine._shape:
+                self._send(self._pending_shape, self._pending)
+                self._pending, self._pending_shape = [], None
+            self._pending.append((DEL, tuple(deleted)))
+            self._pending_shape = self.engine._shape
+        if self._pending and self._pending_shape is not None:
+            self._send(self._pending_shape, self._pending)
+        self._pending, self._pending_shape = [], None
+
+    def _send(self, shape: Shape | None, batch: list[tuple[Any, ...]]) -> None:
+        if shape is not None and batch:
+            self.view(shape).run.broadcast(batch)
+
+    # --- reductions
+
+    def reduce_command(self, shape: Shape, dims: tuple[str, ...], in_id: int, out_id: int, reduction: str,
+                       scatter: bool, site: str) -> tuple[Any, ...]:
+        """The command reducing ``in_id`` over ``dims`` of ``shape``; its groups travel the first time only.
+
+        A group whose processes are in several MPI worlds is joined into one
+        communicator the first time: its first process opens the ports for
+        that, which this call waits for (once per mesh view and dims).
+        """
+        key = self._groups.get((shape, dims))
+        groups: dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]] | None = None
+        if key is None:
+            groups = self._make_groups(shape, dims)
+            key = self._groups[(shape, dims)] = len(self._groups) + 1
+        return (REDUCE, in_id, out_id, reduction, scatter, key, groups, site)
+
+    def _make_groups(self, shape: Shape, dims: tuple[str, ...]) -> dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]]:
+        labels = shape.labels
+        others = [label for label in labels if label not in dims]
+        members: dict[tuple[int, ...], list[int]] = {}
+        for rank, base in enumerate(shape.ranks()):
+            coords = shape.coordinates(rank)
+            members.setdefault(tuple(coords[o] for o in others), []).append(base)
+        groups: dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]] = {}
+        for bases in members.values():
+            addrs = tuple(self.addrs[b] for b in bases)
+            islands = len({island for island, _ in addrs})
+            ports: tuple[str, ...] = ()
+            if islands > 1:
+                self.flush()
+                leader = self.engine.slice(rank=bases[0])
+                ports = tuple(leader.open_ports.call_one(islands - 1).get(settings.spawn_timeout))
+            for b in bases:
+                groups[b] = (addrs, ports)
+        return groups
+
+
+_CLIENTS: dict[tuple[int, int, int], MeshClient] = {}
+_clients_lock = threading.Lock()
+
+
+def client_of(procs: ProcMesh) -> MeshClient:
+    """The engine client of ``procs``'s mesh, spawning the engine actors on first use."""
+    with _clients_lock:
+        client = _CLIENTS.get(procs._key)
+        if client is None:
+            client = _CLIENTS[procs._key] = MeshClient(procs)
+        return client

@@ -1,0 +1,61 @@
+"""The tensor engine's command set: what the controller sends and the workers execute.
+
+Commands are plain tuples (cheap to build and to pickle in batches of
+hundreds); the first item names the kind.  Tensors in arguments travel as
+:class:`Ref` (a worker-side tensor) or as themselves (a controller tensor,
+sent with the batch).  This module imports no torch: the worker loop loads it
+only when the first engine actor starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["OP", "REMOTE", "DEL", "REDUCE", "RANK", "PUT", "Ref", "Poison"]
+
+#: ("op", "aten::add.Tensor", args, kwargs, out_ids, site): run an operator.
+OP = "op"
+#: ("remote", fn_key, fn_or_None, args, kwargs, out_ids, site): run a @remote function.
+REMOTE = "remote"
+#: ("del", ids): forget worker tensors (their controller handles are gone).
+DEL = "del"
+#: ("reduce", in_id, out_id, reduction, scatter, comm_key, groups_or_None, site): a collective.
+REDUCE = "reduce"
+#: ("rank", out_id, shape, dim, site): each process's coordinate along ``dim`` of ``shape``.
+RANK = "rank"
+#: ("put", out_id, tensor, site): a tensor sent to one process (distribute).
+PUT = "put"
+
+
+class Ref:
+    """A worker tensor named by the controller (its id in every process's table)."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int) -> None:
+        self.id = id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ref, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.id})"
+
+
+class Poison:
+    """What a worker stores instead of a tensor whose command failed: the error, kept for the fetch.
+
+    Args:
+        what: the command, e.g. ``aten.mm.default``.
+        site: the controller line that issued it (``file:line in function``).
+        error: the exception's one-line text.
+        formatted: the remote traceback.
+    """
+
+    __slots__ = ("what", "site", "error", "formatted")
+
+    def __init__(self, what: str, site: str, error: str, formatted: str) -> None:
+        self.what = what
+        self.site = site
+        self.error = error
+        self.formatted = formatted

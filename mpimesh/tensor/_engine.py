@@ -1,0 +1,205 @@
+"""Worker side of the tensor engine: an actor per process that executes the controller's commands.
+
+The controller spawns one :class:`Engine` actor on every process of a mesh
+the first time the mesh is activated.  Each process keeps a table from the
+controller's tensor ids to its local tensors and runs the commands of a
+batch in order (:mod:`._commands`).  A command that fails stores a
+:class:`~._commands.Poison` under its outputs instead of tensors; commands
+that read a poisoned tensor pass the poison on, and ``fetch`` raises it as a
+:class:`~mpimesh.RemoteTensorError`.  The process goes on serving.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .._core import current as _current
+from ..actor import Actor, endpoint
+from ..context import current_rank
+from ..errors import RemoteTensorError
+from ..shape import Shape
+from . import _collectives
+from ._commands import DEL, OP, PUT, RANK, REDUCE, REMOTE, Poison, Ref
+
+__all__ = ["Engine", "resolve_op"]
+
+_OPS: dict[str, Any] = {}
+
+
+def resolve_op(name: str) -> Any:
+    """The operator overload called ``name`` (``"aten::add.Tensor"``), looked up once per process."""
+    op = _OPS.get(name)
+    if op is None:
+        qualified, _, overload = name.partition(".")
+        namespace, _, opname = qualified.partition("::")
+        packet = getattr(getattr(torch.ops, namespace), opname)
+        op = getattr(packet, overload or "default")
+        _OPS[name] = op
+    return op
+
+
+class _Poisoned(Exception):
+    def __init__(self, poison: Poison) -> None:
+        self.poison = poison
+
+
+class Engine(Actor):
+    """Holds this process's tensors of one mesh and runs the controller's commands on them."""
+
+    def __init__(self) -> None:
+        # this process's index in the mesh's processes (the base index of every view's Shape)
+        self.index = current_rank().rank
+        self.table: dict[int, Any] = {}
+        self.functions: dict[int, Callable[..., Any]] = {}
+        self.comms = _collectives.Communicators(_current.current().addr)
+        # reduction groups by the controller's key: this process's group (members' addresses, ports to join them)
+        self.groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...]]] = {}
+
+    # --- reading arguments
+
+    def _value(self, x: Any) -> Any:
+        if isinstance(x, Ref):
+            value = self.table.get(x.id)
+            if value is None:
+                raise KeyError(f"tensor {x.id} is not on this process (it was deleted or made on another mesh)")
+            if isinstance(value, Poison):
+                raise _Poisoned(value)
+            return value
+        return x
+
+    def _store(self, out_ids: tuple[int | None, ...], result: Any) -> None:
+        leaves = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+        for i, leaf in zip(out_ids, leaves, strict=False):
+            if i is not None:
+                self.table[i] = leaf
+
+    def _poison(self, out_ids: Any, poison: Poison) -> None:
+        for i in out_ids:
+            if i is not None:
+                self.table[i] = poison
+
+    # --- commands
+
+    @endpoint
+    def run(self, batch: list[tuple[Any, ...]]) -> None:
+        """Execute a batch of commands in order (sent with ``broadcast``: nothing is returned)."""
+        for command in batch:
+            kind = command[0]
+            if kind == OP:
+                self._op(*command[1:])
+            elif kind == DEL:
+                for i in command[1]:
+                    self.table.pop(i, None)
+            elif kind == REMOTE:
+                self._remote(*command[1:])
+            elif kind == REDUCE:
+                self._reduce(*command[1:])
+            elif kind == RANK:
+                self._rank(*command[1:])
+            elif kind == PUT:
+                self.table[command[1]] = command[2]
+
+    def _op(self, name: str, args: Any, kwargs: Any, outs: tuple[int | None, ...], site: str) -> None:
+        self._guard(outs, name, site, lambda: resolve_op(name)(*self._tree(args), **self._tree(kwargs)))
+
+    def _remote(self, key: int, fn: Callable[..., Any] | None, args: Any, kwargs: Any,
+                outs: tuple[int | None, ...], site: str) -> None:
+        if fn is not None:
+            self.functions[key] = fn
+        known = self.functions[key]
+        self._guard(outs, getattr(known, "__qualname__", repr(known)), site,
+                    lambda: known(*self._tree(args), **self._tree(kwargs)))
+
+    def _rank(self, out: int, shape: Shape, dim: str, site: str) -> None:
+        self._guard((out,), f"rank_tensor({dim!r})", site, lambda: self._coordinate(shape, dim))
+
+    def _tree(self, tree: Any) -> Any:
+        return tree_map(self._value, tree)
+
+    def _guard(self, outs: tuple[int | None, ...], what: str, site: str, fn: Callable[[], Any]) -> None:
+        try:
+            result = fn()
+        except _Poisoned as p:
+            self._poison(outs, p.poison)
+        except Exception as exc:
+            formatted = "".join(traceback.format_exception(exc))
+            self._poison(outs, Poison(what, site, f"{type(exc).__name__}: {exc}", formatted))
+        else:
+            self._store(outs, result)
+
+    def _coordinate(self, shape: Shape, dim: str) -> torch.Tensor:
+        rank = shape.ranks().index(self.index)
+        return torch.tensor(shape.coordinates(rank)[dim])
+
+    def _reduce(self, in_id: int, out_id: int, reduction: str, scatter: bool, key: int,
+                groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...]]] | None, site: str) -> None:
+        what = f"reduce({reduction!r})"
+        if groups is not None:
+            self.groups[key] = groups[self.index]
+        comm = self.comms.get(*self.groups[key])
+        value = self.table.get(in_id)
+        bad: Poison | None = value if isinstance(value, Poison) else None
+        if value is None:
+            bad = Poison(what, site, f"KeyError: tensor {in_id} is not on this process", "")
+        # Every member takes part even when its input is poisoned (or MPI would
+        # hang the others); a poisoned input anywhere poisons the output
+        # everywhere, and so do local tensors whose shapes differ (a remote
+        # function may make them so), which MPI would misread.
+        mine = (None, "") if not isinstance(value, torch.Tensor) else (tuple(value.shape), str(value.dtype))
+        everyone = comm.allgather(mine)
+        if bad is not None:
+            self.table[out_id] = bad
+            return
+        if any(other[0] is None for other in everyone) or not isinstance(value, torch.Tensor):
+            self.table[out_id] = Poison(what, site, "the input is poisoned on another process of the group", "")
+            return
+        if len(set(everyone)) > 1:
+            shapes = ", ".join(f"{s} {d}" for s, d in everyone)
+            self.table[out_id] = Poison(
+                what, site, f"ValueError: the local tensors differ in shape or dtype across the group: {shapes}", ""
+            )
+            return
+        try:
+            self.table[out_id] = _collectives.reduce(comm, value, reduction, scatter, inplace=in_id == out_id)
+        except Exception as exc:
+            formatted = "".join(traceback.format_exception(exc))
+            self.table[out_id] = Poison(what, site, f"{type(exc).__name__}: {exc}", formatted)
+
+    @endpoint
+    def open_ports(self, count: int) -> list[str]:
+        """Open ``count`` MPI ports: this process leads a reduction group that spans several MPI worlds."""
+        return self.comms.open_ports(count)
+
+    # --- values back
+
+    @endpoint
+    def fetch(self, id: int) -> torch.Tensor:
+        """A copy of this process's tensor ``id`` on the CPU.
+
+        Raises:
+            RemoteTensorError: an operation the tensor depends on failed.
+        """
+        value = self.table.get(id)
+        if value is None:
+            raise KeyError(f"tensor {id} is not on this process (it was deleted or made on another mesh)")
+        if isinstance(value, Poison):
+            error = RemoteTensorError(value.what, value.site, value.error)
+            raise error from _Formatted(value.formatted) if value.formatted else error
+        result: torch.Tensor = value.detach().to("cpu", copy=True)
+        return result
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        self.table.clear()
+        self.comms.free()
+
+
+class _Formatted(Exception):
+    """The traceback text of the failed operation, as the cause of the fetch's error."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])

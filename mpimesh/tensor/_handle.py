@@ -1,0 +1,289 @@
+"""Mesh tensors on the controller: ``mpimesh.Tensor`` handles and the dispatch that turns torch calls into commands.
+
+A :class:`Tensor` is a ``torch.Tensor`` wrapper subclass (as DTensor is):
+it has a shape, a dtype and a device but no data on the controller.  Every
+torch operation that reaches it through ``__torch_dispatch__`` (below
+autograd, so ``loss.backward()`` and optimizers work unchanged) is run once
+on *meta* tensors, which gives the result's shape and dtype at once and
+raises shape errors at the line that caused them, and is queued as a command
+for every process of the tensor's mesh.  Inside ``procs.activate()``, torch
+factory functions (``torch.rand``, ``torch.zeros``...) make mesh tensors too.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import sys
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from .._core import serialize as _serialize
+from ._client import MeshClient, client_of, next_id
+from ._commands import OP, Ref
+
+if TYPE_CHECKING:
+    from ..proc_mesh import ProcMesh
+
+__all__ = ["Tensor", "activate", "active_mesh", "mesh_tensor", "no_mesh", "site", "to_meta", "unwrap"]
+
+_active: contextvars.ContextVar[ProcMesh | None] = contextvars.ContextVar("mpimesh_active_mesh", default=None)
+
+# Frames in these directories are not the line a command is reported at.
+_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+#: Operators that need a value on the controller: they would make the script wait on a worker.
+_NEEDS_VALUE = {
+    "aten::_local_scalar_dense": "t.item()",
+    "aten::is_nonzero": "bool(t)",
+    "aten::equal": "torch.equal",
+}
+
+
+def site() -> str:
+    """The first caller's line outside torch and mpimesh, ``file:line in function``."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame = frame.f_back
+    code = frame.f_code
+    return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+
+
+class Tensor(torch.Tensor):
+    """A tensor that lives on every process of a mesh, one local tensor per process.
+
+    Made by torch calls inside ``procs.activate()``, by ``@mpimesh.remote``
+    functions, ``reduce``, ``rank_tensor`` and ``distribute``.  Its shape,
+    dtype and device are those of each process's local tensor and are known
+    on the controller without asking a worker; ``mpimesh.fetch_shard(t,
+    **coords)`` gets a value.  Operations on it return at once.
+    """
+
+    _meta: torch.Tensor
+    _id: int
+    _procs: ProcMesh
+    _client: MeshClient
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, procs: ProcMesh, client: MeshClient, device: torch.device,
+                id: int | None = None) -> Tensor:
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, meta.shape, strides=meta.stride(), dtype=meta.dtype, device=device, layout=meta.layout,
+            requires_grad=False,
+        )
+        t._meta = meta
+        t._procs = procs
+        t._client = client
+        if id is None:
+            id = next_id()
+            weakref.finalize(t, client.forget, id)
+        t._id = id
+        return t
+
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (f"mpimesh.Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device}, "
+                f"mesh={self._procs!r}{grad})")
+
+    @property
+    def mesh(self) -> ProcMesh:
+        """The process mesh (or slice) whose processes hold this tensor."""
+        return self._procs
+
+    def reduce(self, dims: str | tuple[str, ...] | list[str], reduction: str = "sum", scatter: bool = False,
+               mesh: Any = None, out: Any = None) -> Tensor:
+        """Reduce over mesh dimensions ``dims`` with an MPI collective; see :func:`mpimesh.reduce`."""
+        from ._reduce import reduce
+
+        return reduce(self, dims, reduction, scatter=scatter, mesh=mesh, out=out)
+
+    def reduce_(self, dims: str | tuple[str, ...] | list[str], reduction: str = "sum",
+                scatter: bool = False, mesh: Any = None) -> Tensor:
+        """Reduce in place over mesh dimensions ``dims``; see :func:`mpimesh.reduce_`."""
+        from ._reduce import reduce_
+
+        return reduce_(self, dims, reduction, scatter=scatter, mesh=mesh)
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return dispatch(func, args, kwargs or {}, None)
+
+
+def to_meta(x: Any) -> Any:
+    """``x`` as the controller computes with it: mesh tensors and local tensors become meta tensors."""
+    if isinstance(x, Tensor):
+        return x._meta
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+_PLAIN = (int, float, bool, str, bytes, type(None), complex, torch.dtype, torch.device, torch.Size, torch.layout,
+          torch.memory_format, slice, type(Ellipsis))
+
+
+def unwrap(x: Any) -> Any:
+    """``x`` as a command carries it: mesh tensors become :class:`Ref`, local tensors travel detached.
+
+    Raises:
+        TypeError: ``x`` does not pickle (checked here, so the error points at the line that passed it).
+    """
+    if isinstance(x, Tensor):
+        return Ref(x._id)
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if not isinstance(x, _PLAIN):
+        try:
+            _serialize.dumps(x)
+        except Exception as exc:
+            raise TypeError(
+                f"tensor engine: cannot send {x!r} to the workers: it does not pickle ({exc}); "
+                "pass tensors and plain values, or build the object on the workers in a @mpimesh.remote function"
+            ) from exc
+    return x
+
+
+def _mesh_of(leaves: list[Any], what: str) -> ProcMesh | None:
+    procs: ProcMesh | None = None
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            if procs is None:
+                procs = leaf._procs
+            elif leaf._procs is not procs and (leaf._procs._key, leaf._procs._shape) != (procs._key, procs._shape):
+                raise ValueError(
+                    f"tensor engine: {what} mixes tensors of {procs!r} and {leaf._procs!r}; "
+                    "every tensor of one operation must live on the same mesh (or slice)"
+                )
+    return procs
+
+
+def _device_of(leaves: list[Any], kwargs: dict[str, Any]) -> torch.device:
+    device = kwargs.get("device")
+    if device is not None:
+        return torch.device(device)
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            return leaf.device
+    return torch.device("cpu")
+
+
+def mesh_tensor(meta: torch.Tensor, procs: ProcMesh, client: MeshClient, device: torch.device) -> Tensor:
+    """A new handle for a result whose metadata is ``meta``."""
+    return Tensor(meta, procs, client, device)
+
+
+def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: ProcMesh | None) -> Any:
+    """Run ``func`` on mesh tensors: compute the result's metadata here, queue the operation for the mesh."""
+    leaves, _ = tree_flatten((args, kwargs))
+    name = func.name()  # "aten::add.Tensor"
+    procs = _mesh_of(leaves, str(func))
+    if procs is None:
+        if active is None:
+            return func(*args, **kwargs)
+        procs = active
+    elif active is not None and (active._key, active._shape) != (procs._key, procs._shape):
+        raise ValueError(
+            f"tensor engine: {func} on a tensor of {procs!r} inside {active!r}.activate(); "
+            "activate the tensor's own mesh, or leave the active one"
+        )
+    hint = _NEEDS_VALUE.get(name)
+    if hint is not None:
+        raise RuntimeError(
+            f"tensor engine: {hint} needs the value of a mesh tensor, which lives on the workers; "
+            "fetch it: mpimesh.inspect(t, **coords) (or mpimesh.fetch_shard(t, **coords).get())"
+        )
+    device = _device_of(leaves, kwargs)
+    meta_kwargs = tree_map(to_meta, kwargs)
+    if "device" in meta_kwargs:
+        meta_kwargs["device"] = "meta"
+    meta_args = tree_map(to_meta, args)
+    try:
+        out = func(*meta_args, **meta_kwargs)
+    except NotImplementedError as exc:
+        raise NotImplementedError(
+            f"tensor engine: {func} has no meta implementation, so the controller cannot know its result's "
+            f"shape ({exc}); run it in a @mpimesh.remote function with a propagate= function"
+        ) from None
+    client = client_of(procs)
+    inputs = {id(t._meta): t for t in leaves if isinstance(t, Tensor)}
+    out_leaves, spec = tree_flatten(out)
+    results: list[Any] = []
+    out_ids: list[int | None] = []
+    for leaf in out_leaves:
+        if isinstance(leaf, torch.Tensor):
+            same = inputs.get(id(leaf))
+            if same is not None:  # in place (or out=): the result is the input's handle
+                results.append(same)
+                out_ids.append(same._id)
+            else:
+                handle = Tensor(leaf, procs, client, device)
+                results.append(handle)
+                out_ids.append(handle._id)
+        else:
+            results.append(leaf)
+    command = (OP, name, tree_map(unwrap, args), tree_map(unwrap, kwargs), tuple(out_ids), site())
+    client.issue(procs._shape, command)
+    return tree_unflatten(results, spec)
+
+
+class _MeshMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """While a mesh is active: factory functions and operations on mesh tensors run on the mesh."""
+
+    def __init__(self, procs: ProcMesh) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.procs = procs
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        return dispatch(func, args, kwargs or {}, self.procs)
+
+
+@contextmanager
+def activate(procs: ProcMesh) -> Iterator[ProcMesh]:
+    """Make ``procs`` the active mesh: torch calls in the block run on its processes.
+
+    Leaving the block sends what is still queued; it does not wait for it.
+    """
+    client = client_of(procs)
+    token = _active.set(procs)
+    try:
+        with _MeshMode(procs):
+            yield procs
+    finally:
+        _active.reset(token)
+        client.flush()
+
+
+def active_mesh() -> ProcMesh | None:
+    """The mesh of the innermost ``activate()`` block, or None."""
+    return _active.get()
+
+
+class _NoMesh:
+    """``with mpimesh.no_mesh.activate():`` torch calls in the block run on the controller again."""
+
+    def __repr__(self) -> str:
+        return "mpimesh.no_mesh"
+
+    @contextmanager
+    def activate(self) -> Iterator[None]:
+        """Leave the active mesh for the block (mesh tensors still run on their own mesh)."""
+        token = _active.set(None)
+        try:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                yield None
+        finally:
+            _active.reset(token)
+
+
+no_mesh = _NoMesh()
