@@ -335,6 +335,11 @@ def finish(code: int, dead: bool) -> int:
     if dead and not mpich:
         os._exit(code)
     MPI.Finalize()
+    # MPI is down; what is left is the interpreter's own exit (module
+    # finalizers, torch's C++ teardown once an actor imported it), which a
+    # loaded machine stretches past 8 s: give it a bound of its own.
+    faulthandler.cancel_dump_traceback_later()
+    faulthandler.dump_traceback_later(max(30.0, settings.shutdown_timeout), exit=True)
     # Leave through the interpreter's exit, as a plain Python program does:
     # module globals are finalized (their __del__ run, as Monarch's do when
     # a process mesh stops) and atexit handlers run.  MPICH's Hydra also

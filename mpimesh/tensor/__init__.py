@@ -41,3 +41,17 @@ __all__ = [
     "reduce_",
     "remote",
 ]
+
+
+def _fixup_module_metadata() -> None:
+    # The names mpimesh re-exports report module `mpimesh`, as its own do.
+    import mpimesh
+
+    for name in mpimesh._TENSOR:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("mpimesh."):
+            obj.__module__ = "mpimesh"
+
+
+_fixup_module_metadata()
+del _fixup_module_metadata

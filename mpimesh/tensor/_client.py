@@ -14,7 +14,9 @@ import itertools
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
+from .._core import current as _current
 from ..config import settings
+from ..errors import SupervisionError
 from ..shape import Shape
 from ._commands import DEL, REDUCE
 
@@ -98,8 +100,34 @@ class MeshClient:
         self._pending, self._pending_shape = [], None
 
     def _send(self, shape: Shape | None, batch: list[tuple[Any, ...]]) -> None:
-        if shape is not None and batch:
-            self.view(shape).run.broadcast(batch)
+        if shape is None or not batch:
+            return
+        view = self.view(shape)
+        if not _current.current().dead:
+            try:
+                view.run.broadcast(batch)
+                return
+            except SupervisionError:
+                pass  # a process died since: the healthy ones still get the batch
+        # A dead process's tensors are gone (fetching them raises
+        # SupervisionError); the others' stream goes on.
+        dead = _current.current().dead
+        healthy = [rank for rank, addr in enumerate(view._ref.targets) if addr not in dead]
+        if healthy:
+            run = view.run
+            view._ref.cast(run._name, run._what, (batch,), {}, None, ranks=healthy)
+
+    def check_alive(self, shape: Shape, dims: tuple[str, ...]) -> None:
+        """Raise if a process of ``shape`` is dead: a collective with it would hang the others.
+
+        Raises:
+            SupervisionError: naming the dead process.
+        """
+        dead = _current.current().dead
+        for base in shape.ranks():
+            cause = dead.get(self.addrs[base])
+            if cause is not None:
+                raise SupervisionError(f"tensor engine: cannot reduce over {dims}: {cause}", endpoint="reduce")
 
     # --- reductions
 
@@ -111,6 +139,7 @@ class MeshClient:
         communicator the first time: its first process opens the ports for
         that, which this call waits for (once per mesh view and dims).
         """
+        self.check_alive(shape, dims)
         key = self._groups.get((shape, dims))
         groups: dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]] | None = None
         if key is None:

@@ -41,6 +41,9 @@ class Communicators:
         self._comms: dict[tuple[Addr, ...], MPI.Intracomm] = {}
         self._ports: list[str] = []
 
+    def __len__(self) -> int:
+        return len(self._comms)
+
     def open_ports(self, count: int) -> list[str]:
         """Open ``count`` MPI ports for :meth:`get` to accept on (this process leads a group)."""
         ports = [MPI.Open_port() for _ in range(count)]

@@ -193,6 +193,12 @@ class Engine(Actor):
         result: torch.Tensor = value.detach().to("cpu", copy=True)
         return result
 
+    @endpoint
+    def stats(self) -> dict[str, int]:
+        """How many tensors (and poisoned results) this process holds, and how many communicators."""
+        poisoned = sum(isinstance(v, Poison) for v in self.table.values())
+        return {"tensors": len(self.table) - poisoned, "poisoned": poisoned, "communicators": len(self.comms)}
+
     def __cleanup__(self, exc: BaseException | None) -> None:
         self.table.clear()
         self.comms.free()
