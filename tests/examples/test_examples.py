@@ -46,3 +46,35 @@ def test_grpo_pipeline(launch: str) -> None:
     assert result.returncode == 0, result.stderr
     assert "rollouts 1920; greedy accuracy 1.00 OK" in result.stdout, result.stdout
     assert result.orphans == []
+
+
+@pytest.mark.parametrize("launch", ["mpirun5", "spawned"])
+def test_tensor_basics(launch: str) -> None:
+    """tensor_basics: ops on every process, reduce/stack, remote functions, a sharded matmul, a poisoned fetch."""
+    script = str(ROOT / "examples" / "tensor_basics.py")
+    cmd = python_cmd(script)
+    if launch == "mpirun5":
+        cmd = mpiexec_cmd(5, *python_cmd("-m", "mpimesh", script))
+    result = run(cmd, timeout=240)
+    assert result.returncode == 0, result.stderr
+    for line in ("x on gpus=2: [3.0, 3.0, 3.0]", "sum over gpus: [10.0, 10.0, 10.0]", "stacked ranks: [0, 1, 2, 3]",
+                 "remote on gpus=3: [4.0, 4.0, 4.0]", "sharded a @ a.T equals local torch: True",
+                 "gather(distribute(a)) == a: True", "caught on gpus=2: ValueError: rank 2 does not like this tensor",
+                 "gpus=0 is fine: [2.0, 2.0]"):
+        assert line in result.stdout, (line, result.stdout)
+    assert result.stdout.rstrip().endswith("done")
+    assert result.orphans == []
+
+
+@pytest.mark.parametrize(("example", "launch"), [("tensor_dp.py", "mpirun5"), ("tensor_dp_tp.py", "spawned")])
+def test_tensor_training_matches_one_process(example: str, launch: str) -> None:
+    """Data-parallel and dp x tp training from the controller give one-process training's losses (1e-5 relative)."""
+    script = str(ROOT / "examples" / example)
+    cmd = python_cmd(script)
+    if launch == "mpirun5":
+        cmd = mpiexec_cmd(5, *python_cmd("-m", "mpimesh", script))
+    result = run(cmd, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "largest relative difference from one-process training:" in result.stdout, result.stdout
+    assert result.stdout.rstrip().endswith("OK"), result.stdout
+    assert result.orphans == []
