@@ -47,6 +47,8 @@ class Kernel:
     km: KernelManager
     kc: Any
     tag: str
+    #: where the kernel's cells leave files (``NOTEBOOK_TEST_FOLDER``)
+    folder: Path
     #: stdout/stderr text of each cell, by message id
     outputs: dict[str, list[str]] = field(default_factory=dict)
 
@@ -116,6 +118,7 @@ def kernel(tmp_path: Path) -> Iterator[Kernel]:
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
         # the workers that a fault ends are reported within this bound, not the default 10 s
         MPIMESH_SHUTDOWN_TIMEOUT="3",
+        NOTEBOOK_TEST_FOLDER=str(tmp_path),
     )
     env.pop("MPIMESH_TEST_EXPECT_NPROCS", None)
     if os.geteuid() == 0:
@@ -126,12 +129,12 @@ def kernel(tmp_path: Path) -> Iterator[Kernel]:
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=CELL_TIMEOUT)
-        yield Kernel(km, kc, tag)
+        yield Kernel(km, kc, tag, tmp_path)
     finally:
         kc.stop_channels()
         if km.has_kernel:
             km.shutdown_kernel(now=True)
-        left = _wait_gone(Kernel(km, kc, tag).processes(), GONE_BOUND)
+        left = _wait_gone({int(line.split(':')[0]): line for line in leftovers(tag)}, GONE_BOUND)
         for pid in left:
             try:
                 os.kill(pid, 9)
@@ -172,12 +175,18 @@ def _zombie(pid: int) -> bool:
 
 
 SPAWN = """
-import os, asyncio
+import asyncio, atexit, os, pathlib
 import mpimesh
+
+FOLDER = pathlib.Path(os.environ["NOTEBOOK_TEST_FOLDER"])
+atexit.register((FOLDER / "kernel-atexit").touch)
 
 class Waiter(mpimesh.Actor):
     def __init__(self):
         self.released = asyncio.Event()
+
+    def __cleanup__(self, exc):
+        (FOLDER / f"cleanup-{os.getpid()}").touch()
 
     @mpimesh.concurrent_endpoint
     async def pid(self):
@@ -255,7 +264,13 @@ def test_interrupt_waiting_cell(kernel: Kernel) -> None:
 
 @pytest.mark.parametrize("how", ["shutdown", "restart", "kill"])
 def test_kernel_end_leaves_no_process(kernel: Kernel, how: str) -> None:
-    """Shutting the kernel down, restarting it or killing it ends every worker and the launcher daemon."""
+    """Shutting the kernel down, restarting it or killing it ends every worker and the launcher daemon.
+
+    A shutdown or restart stops the workers as a script's exit does (their
+    ``__cleanup__`` runs) and the kernel leaves through its ``atexit``
+    handlers, before Jupyter would kill it (a zombie launcher daemon kept it
+    waiting until then).
+    """
     workers = _spawn(kernel)
     before = kernel.processes()
     assert set(workers) <= set(before), before
@@ -268,6 +283,9 @@ def test_kernel_end_leaves_no_process(kernel: Kernel, how: str) -> None:
         kernel.km.shutdown_kernel(now=True)
     left = _wait_gone(before, GONE_BOUND)
     assert not left, f"left after the kernel's {how}: {sorted(left.values())}"
+    if how != "kill":
+        assert sorted(p.name for p in kernel.folder.glob("cleanup-*")) == sorted(f"cleanup-{w}" for w in workers)
+        assert (kernel.folder / "kernel-atexit").exists()
     if how == "restart":
         # the new kernel spawns afresh
         kernel.kc.wait_for_ready(timeout=CELL_TIMEOUT)
