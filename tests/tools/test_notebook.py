@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import sys
 import time
 import uuid
@@ -21,16 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
 from mpitest import ROOT, base_env, leftovers
 
 pytestmark = pytest.mark.subprocess
-
-# Jupyter's libraries warn (DeprecationWarning) that their folders will move
-# to platformdirs' unless this is set; pytest.ini turns warnings into errors.
-os.environ.setdefault("JUPYTER_PLATFORM_DIRS", "1")
-
-from jupyter_client import KernelManager  # noqa: E402
-from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 
 NOTEBOOK = ROOT / "examples" / "notebook.ipynb"
 KERNEL = "mpimesh-test"
@@ -123,7 +119,9 @@ def kernel(tmp_path: Path) -> Iterator[Kernel]:
     env.pop("MPIMESH_TEST_EXPECT_NPROCS", None)
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=_write_spec(tmp_path))
+    # The connection file in the test's folder, not in the user's Jupyter runtime folder.
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=_write_spec(tmp_path),
+                       connection_file=str(tmp_path / "connection.json"))
     km.start_kernel(env=env, cwd=str(ROOT))
     kc = km.client()
     kc.start_channels()
@@ -137,7 +135,7 @@ def kernel(tmp_path: Path) -> Iterator[Kernel]:
         left = _wait_gone({int(line.split(':')[0]): line for line in leftovers(tag)}, GONE_BOUND)
         for pid in left:
             try:
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
@@ -262,9 +260,14 @@ def test_interrupt_waiting_cell(kernel: Kernel) -> None:
     assert out.startswith("False [") and out.rstrip().endswith("released"), out
 
 
-@pytest.mark.parametrize("how", ["shutdown", "restart", "kill"])
+@pytest.mark.parametrize("how", ["shutdown", "restart", "kill", "sigkill-kernel-alone"])
 def test_kernel_end_leaves_no_process(kernel: Kernel, how: str) -> None:
     """Shutting the kernel down, restarting it or killing it ends every worker and the launcher daemon.
+
+    Jupyter kills a kernel's whole process group (the daemon with it; the
+    workers are in groups of their own); the OOM killer kills the kernel
+    alone: the daemon sees its keep-alive pipe close, the workers the
+    controller's pid go.
 
     A shutdown or restart stops the workers as a script's exit does (their
     ``__cleanup__`` runs) and the kernel leaves through its ``atexit``
@@ -279,11 +282,15 @@ def test_kernel_end_leaves_no_process(kernel: Kernel, how: str) -> None:
         kernel.km.shutdown_kernel()
     elif how == "restart":
         kernel.km.restart_kernel()
-    else:
+    elif how == "kill":
         kernel.km.shutdown_kernel(now=True)
+    else:
+        os.kill(kernel.km.provisioner.pid, signal.SIGKILL)  # what the OOM killer does
+    start = time.monotonic()
     left = _wait_gone(before, GONE_BOUND)
+    print(f"every process of the kernel gone {time.monotonic() - start:.2f} s after its {how}")
     assert not left, f"left after the kernel's {how}: {sorted(left.values())}"
-    if how != "kill":
+    if how in ("shutdown", "restart"):
         assert sorted(p.name for p in kernel.folder.glob("cleanup-*")) == sorted(f"cleanup-{w}" for w in workers)
         assert (kernel.folder / "kernel-atexit").exists()
     if how == "restart":
