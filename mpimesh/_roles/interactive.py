@@ -46,7 +46,8 @@ def before_kernel_shutdown(fn: Callable[[], object]) -> bool:
     ``atexit`` handlers.  The singleton's launcher daemon (Open MPI's
     ``prte``) is one of them, and it kills the workers as it goes: their
     ``__cleanup__`` never runs.  ``fn`` (the controller's shutdown) runs
-    first, on the kernel's control thread.
+    first, on the kernel's control thread; then a thread reaps each daemon
+    once ipykernel has ended it (see :func:`_reap`).
 
     Returns:
         Whether this process is an ipykernel kernel (``fn`` is then registered).
