@@ -87,6 +87,10 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     ``MPIMESH_SHUTDOWN_TIMEOUT`` is ended at once, so no process is left
     behind.  Replace the hook by assigning ``mpimesh.unhandled_fault_hook = my_hook``.
 
+    In an interactive session (a Jupyter kernel, IPython, ``python -i``) the
+    controller does not run it: it prints the report and the session goes
+    on (calls to the failed actors raise ``SupervisionError``).
+
     Raises:
         Unhandled: always.
     """

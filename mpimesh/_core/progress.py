@@ -138,9 +138,11 @@ class Progress:
         self._max_sleep = settings.idle_sleep_us * 1e-6
         self._leader_idle = settings.leader_idle_ms * 1e-3
         # One entry per thread currently leading (waiting for its own event
-        # and polling): list append and pop are atomic, where a counter would
-        # need a lock, twice per wait.
-        self._leaders: list[None] = []
+        # and polling): list append and remove are atomic, where a counter
+        # would need a lock, twice per wait.  Each wait's entry is its own,
+        # so that its ``finally`` can remove it whatever line an interrupt
+        # (KeyboardInterrupt, e.g. a notebook's) lands on.
+        self._leaders: list[object] = []
         # Threads in a background wait (0 or 1): followers rely on them.
         self._background = 0
         self._background_cond: threading.Condition | None = None
@@ -201,9 +203,10 @@ class Progress:
         chunk = _SPIN_CHUNK if self._spin > 0 else 0.0  # a leader's first polls spin in MPI
         token = self._token
         poll = self._poll
-        self._leaders.append(None)
+        mine = object()  # this wait's entry in _leaders
         leading = True
         try:
+            self._leaders.append(mine)
             while True:
                 if done():
                     return True
@@ -213,13 +216,13 @@ class Progress:
                 idle = now - last_traffic
                 if leading and idle >= self._leader_idle and self._background:
                     leading = False  # quiet for a while: leave polling to the background waiter
-                    self._step_back(now)
+                    self._step_back(now, mine)
                 elif not leading and not self._background:
                     # Nobody polls in the background (a worker still booting,
                     # a controller shutting down): lead again.
                     leading = True
                     last_traffic = now
-                    self._leaders.append(None)
+                    self._leaders.append(mine)
                 if leading and token.acquire(blocking=False):
                     try:
                         handled = poll(chunk)
@@ -251,14 +254,16 @@ class Progress:
                     if not done():
                         sleeper.wait(min(pause, end - now))
         finally:
-            if leading:
-                self._leaders.pop()
+            # Not `if leading`: an interrupt between setting it and the list's
+            # change would leave a leader for good, and no background polling.
+            if mine in self._leaders:
+                self._leaders.remove(mine)
 
-    def _step_back(self, now: float) -> None:
+    def _step_back(self, now: float, mine: object) -> None:
         # A leader leaves polling to the background waiter.  A reply is still
         # expected, so the background waiter must not stay in its deep
         # back-off: its next naps are the shortest.
-        self._leaders.pop()
+        self._leaders.remove(mine)
         self._background_backoff.reset()
         self._last_traffic = now
         self._wake_background()

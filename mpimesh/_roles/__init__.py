@@ -2,6 +2,7 @@
 
 ``base`` (what both roles share), ``controller`` and ``worker`` (the two
 roles), ``liveness`` (the controller's watch on its workers), ``job_status``
-(the job's exit status under ULFM), and ``boot``, which builds a runtime and
-its role and wires them together.
+(the job's exit status under ULFM), ``interactive`` (a controller that is a
+Jupyter kernel or a prompt), and ``boot``, which builds a runtime and its
+role and wires them together.
 """

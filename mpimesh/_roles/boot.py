@@ -31,6 +31,7 @@ from .._transport.mpi import MPI
 from ..config import settings
 from ..errors import MeshInternalError
 from .controller import Controller
+from .interactive import before_kernel_shutdown
 from .liveness import start_last_words
 from .worker import Worker, run
 
@@ -66,6 +67,8 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controll
     controller.start()
     if embedded:
         atexit.register(controller.shutdown_at_exit)
+        # In a Jupyter kernel, stop the workers before ipykernel signals its children (README, "Notebooks").
+        before_kernel_shutdown(lambda: controller.shutdown(0))
     return controller
 
 

@@ -34,6 +34,7 @@ from ..future import Future
 from ..shape import Shape
 from ..supervision import MeshFailure, Unhandled, current_hook, default_unhandled_fault_hook
 from .base import BaseRole
+from .interactive import interactive_session, report_and_go_on
 from .job_status import set_job_exit_status
 from .liveness import Liveness
 
@@ -520,6 +521,10 @@ class Controller(BaseRole):
         # and raises Unhandled; any other exception is added to the cause,
         # which the default hook then reports.
         hook = current_hook()
+        if hook is default_unhandled_fault_hook and interactive_session():
+            # A notebook or a prompt is not ended by one failed mesh (README, "Notebooks").
+            report_and_go_on(failure.report())
+            return
         try:
             hook(failure)
             return

@@ -53,3 +53,54 @@ def test_wait_times_out_and_succeeds() -> None:
     flag = threading.Event()
     threading.Timer(0.02, flag.set).start()
     assert progress.wait(flag.is_set, cond, 5) is True
+
+
+def test_wait_interrupted_anywhere_leaves_no_leader() -> None:
+    """A KeyboardInterrupt at any line of wait() leaves no stale leader and the token free.
+
+    In a notebook an interrupt lands in a cell's ``fut.get()``, wherever its
+    wait is; a leader left behind would keep the background waiter from
+    polling for good, and every later wait of the process would hang.  Each
+    run raises the interrupt at the k-th line event of ``wait`` and what it
+    calls (as Python runs a signal handler between two lines), for every k.
+    """
+    import sys
+    from types import FrameType
+    from typing import Any
+
+    progress = Progress(lambda spin: 0)
+    progress._leader_idle = 0.0  # step back at the first turn: every path of the loop runs
+    progress._background = 1  # as if the background waiter ran (it is only counted)
+    cond = threading.Condition()
+    events = [0]
+    at = [-1]
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename.endswith("progress.py"):
+            if event == "line":
+                events[0] += 1
+                if events[0] == at[0]:
+                    raise KeyboardInterrupt
+            return tracer
+        return None
+
+    def run(k: int) -> bool:
+        events[0], at[0] = 0, k
+        sys.settrace(tracer)
+        try:
+            progress.wait(lambda: False, cond, 0.001)
+        except KeyboardInterrupt:
+            return True
+        finally:
+            sys.settrace(None)
+        return False
+
+    run(-1)
+    lines = events[0]
+    assert lines > 10
+    for k in range(1, lines + 1):
+        interrupted = run(k)
+        assert progress._leaders == [], f"a leader left behind by an interrupt at line event {k}"
+        assert progress._token.acquire(blocking=False), f"the token held after an interrupt at line event {k}"
+        progress._token.release()
+        assert interrupted or k > events[0]
