@@ -1,0 +1,163 @@
+"""T1-T3: the tensor engine's issue rate, a 64 MiB reduce, and a 64 MiB fetch_shard, each with its raw baseline.
+
+Run (4 pool workers; the baselines run on the same processes in the same job)::
+
+    mpiexec --oversubscribe --bind-to none -n 5 .venv/bin/python -m mpimesh benchmarks/bench_tensor.py
+
+* T1: ``a = a + 1`` on 16-element tensors inside ``procs.activate()``,
+  ``--ops`` times, timed on the controller without waiting (then one fetch
+  checks the value, untimed).  No baseline: the target is absolute.
+* T2: ``t.reduce("gpus", "sum")`` (new result) and ``t.reduce_("gpus", "sum")``
+  (in place) of 64 MiB float32 on 4 processes, each timed on the controller
+  from issue to a 4-byte fetch of a result element.  Baseline: raw
+  ``Allreduce`` of the same tensors' memory into a reused buffer on a
+  communicator of the same 4 processes, timed on the workers (rank 0 of the
+  mesh), in the same job.
+* T3: ``fetch_shard(t, gpus=1).get()`` of 64 MiB.  Baseline: raw
+  ``Send`` of the same tensor's bytes from that process to rank 0
+  (``COMM_WORLD``), received into a reused buffer, timed on rank 0.
+
+Prints one JSON line; figures are medians over ``--repeats`` of per-repeat medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from _common import emit, gbps, median, r, watchdog
+from mpi4py import MPI
+
+import mpimesh
+from mpimesh import this_host
+
+N64 = 16 * 1024 * 1024  # float32 elements in 64 MiB
+
+
+@mpimesh.remote(propagate=lambda t, reps, ranks: torch.empty(reps, dtype=torch.float64))
+def raw_allreduce(t: torch.Tensor, reps: int, ranks: list[int]) -> torch.Tensor:
+    """Time ``reps`` raw Allreduce of ``t``'s memory on a communicator of ``ranks`` (world ranks)."""
+    world = MPI.COMM_WORLD
+    group = world.Get_group().Incl(ranks)
+    comm = world.Create_group(group, tag=4242)
+    group.Free()
+    src, dst = t.numpy(), torch.empty_like(t).numpy()
+    out = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(src, dst, op=MPI.SUM)
+        out.append(time.perf_counter() - t0)
+    comm.Free()
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@mpimesh.remote(propagate=lambda t, reps: torch.empty(()))
+def raw_send(t: torch.Tensor, reps: int) -> torch.Tensor:
+    """Send ``t``'s bytes to world rank 0, ``reps`` times (each acknowledged)."""
+    buf = t.numpy()
+    for _ in range(reps):
+        MPI.COMM_WORLD.Send(buf, dest=0, tag=78)
+        MPI.COMM_WORLD.Recv(bytearray(1), source=0, tag=79)
+    return torch.zeros(())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=20_000)
+    ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    watchdog()
+
+    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    world_ranks = [a[1] for a in procs._addrs]
+    pool = all(a[0] == 0 for a in procs._addrs)
+    rates, ours, ours_inplace, base, fetched, sent = [], [], [], [], [], []
+    with procs.activate():
+        big = torch.ones(N64)
+    for _ in range(args.repeats):
+        # T1
+        with procs.activate():
+            a = torch.zeros(16)
+            t0 = time.perf_counter()
+            for _ in range(args.ops):
+                a = a + 1
+            rates.append(args.ops / (time.perf_counter() - t0))
+        assert mpimesh.inspect(a, gpus=3)[0].item() == args.ops
+        # T2
+        with procs.activate():
+            warm = big.reduce("gpus", "sum")
+        mpimesh.inspect(warm.view(-1)[:1])
+        times, times_inplace = [], []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            with procs.activate():
+                s = big.reduce("gpus", "sum")
+            mpimesh.inspect(s[:1])
+            times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            with procs.activate():
+                big.reduce_("gpus", "sum")
+            mpimesh.inspect(big[:1])
+            times_inplace.append(time.perf_counter() - t0)
+        with procs.activate():
+            big.fill_(1.0)
+        ours.append(statistics.median(times) * 1e3)
+        ours_inplace.append(statistics.median(times_inplace) * 1e3)
+        if pool:
+            with procs.activate():
+                raw = raw_allreduce(big, args.reps + 1, world_ranks)
+            base.append(statistics.median(mpimesh.inspect(raw)[1:].tolist()) * 1e3)
+        # T3
+        mpimesh.fetch_shard(big, gpus=1).get(120)
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            mpimesh.fetch_shard(big, gpus=1).get(120)
+            times.append(time.perf_counter() - t0)
+        fetched.append(statistics.median(times) * 1e3)
+        if pool:
+            one = procs.slice(gpus=1)
+            sink = bytearray(N64 * 4)
+            with one.activate():
+                done = raw_send(big.slice_mesh(gpus=1), args.reps + 1)
+            mpimesh.tensor._client.client_of(procs).flush()
+            secs = []
+            for _ in range(args.reps + 1):
+                t0 = time.perf_counter()
+                MPI.COMM_WORLD.Recv(sink, source=world_ranks[1], tag=78)
+                secs.append(time.perf_counter() - t0)
+                MPI.COMM_WORLD.Send(bytearray(1), dest=world_ranks[1], tag=79)
+            mpimesh.inspect(done)
+            sent.append(statistics.median(secs[1:]) * 1e3)
+
+    record = {
+        "bench": "T1-T3",
+        "what": "tensor engine on 4 processes: ops issued/s; 64 MiB reduce('gpus', 'sum'); 64 MiB fetch_shard",
+        "processes": "launch pool" if pool else "spawned",
+        "t1_ops_per_s": round(median(rates)),
+        "t1_target": 50_000,
+        "t2_reduce_ms": r(median(ours)),
+        "t2_reduce_inplace_ms": r(median(ours_inplace)),
+        "t2_baseline": "raw Allreduce of the same memory on a communicator of the same 4 processes, same job"
+        if base else None,
+        "t2_baseline_ms": r(median(base)) if base else None,
+        "t2_ratio": r(median(base) / median(ours)) if base else None,
+        "t2_ratio_inplace": r(median(base) / median(ours_inplace)) if base else None,
+        "t3_fetch_ms": r(median(fetched)),
+        "t3_fetch_gbps": gbps(median(fetched)),
+        "t3_baseline": "raw Send of the same 64 MiB from that process to rank 0, same job" if sent else None,
+        "t3_baseline_ms": r(median(sent)) if sent else None,
+        "t3_ratio": r(median(sent) / median(fetched)) if sent else None,
+        "ratio_note": "baseline time over ours (targets: T2 >= 0.8, T3 >= 0.7); T2/T3 include a controller round trip",
+        "repeats": args.repeats,
+    }
+    procs.stop().get(60)
+    emit(record)
+
+
+if __name__ == "__main__":
+    main()
