@@ -89,6 +89,13 @@ class BuildExt(build_ext):
             json.dump(fields, file, indent=1)
             file.write("\n")
 
+    def _not_built(self, reason: str) -> None:
+        """Record *reason*, and remove an extension left in the build directory by an earlier build."""
+        self._record(built=False, reason=reason)
+        stale = self.get_ext_fullpath("mpimesh._native")
+        if os.path.exists(stale):
+            os.remove(stale)
+
     def _skipped(self) -> bool:
         return os.environ.get("MPIMESH_MPICC") == "none"
 
@@ -113,7 +120,7 @@ class BuildExt(build_ext):
         """Build with the first MPI compiler wrapper found, or warn and skip; record which or why."""
         if self._skipped():
             self.warn("mpimesh._native not built: MPIMESH_MPICC=none")
-            self._record(built=False, reason="the build was run with MPIMESH_MPICC=none")
+            self._not_built("the build was run with MPIMESH_MPICC=none")
             return None
         tried = []
         for where, value in self._candidates():
@@ -128,7 +135,7 @@ class BuildExt(build_ext):
         reason = f"no MPI compiler wrapper found at build time; tried {'; '.join(tried)}"
         self.warn(f"mpimesh._native not built (CUDA-aware query falls back to ctypes): {reason}; "
                   "set MPIMESH_MPICC=/path/to/mpicc and reinstall")
-        self._record(built=False, reason=reason)
+        self._not_built(reason)
         return None
 
     def build_extension(self, ext: Extension) -> None:
@@ -136,7 +143,7 @@ class BuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:
-            self._record(built=False, reason=f"{self._mpicc['mpicc']} failed: {exc}", **self._mpicc)
+            self._not_built(f"{self._mpicc['mpicc']} failed: {exc}")
             raise
         self._record(built=True, **self._mpicc)
 
