@@ -52,11 +52,7 @@ def wheel_of(path: str) -> str:
 def origin(path: str) -> str:
     """Where the MPI compiler wrapper at *path* comes from, in words."""
     wheel = wheel_of(path)
-    if not wheel:
-        return f"mpicc at {path}"
-    building = "the building Python's environment"
-    where = "pip's build environment" if "pip-build-env" in os.path.realpath(path) else building
-    return f"mpicc from the {wheel} wheel in {where}"
+    return f"mpicc from the {wheel} wheel at build time" if wheel else f"mpicc at {path}"
 
 
 class BuildExt(build_ext):

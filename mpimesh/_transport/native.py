@@ -89,7 +89,7 @@ def bind() -> bool:
     if probe is not None:
         return True
     why_not, fix = _try_bind(), ""
-    if why_not.startswith(_REBUILD_CURES):
+    if why_not.startswith(_REBUILD_CURES) and (settings.wire == "native" or _loaded_vendor() == "openmpi"):
         fix = rebuild_command()
     if why_not and settings.wire == "native":
         raise RuntimeError(f"MPIMESH_WIRE=native, but {why_not}; unset MPIMESH_WIRE to fall back to mpi4py")
@@ -127,8 +127,13 @@ def _try_bind() -> str:
     return ""
 
 
-# The reasons a rebuild against the loaded MPI cures (see :func:`rebuild_command`).
+# The reasons a rebuild against the loaded MPI cures (see :func:`rebuild_command`), where that MPI is one
+# the native path is used with (Open MPI, or any with MPIMESH_WIRE=native).
 _REBUILD_CURES = ("mpimesh._native is not built", "mpimesh._native is out of date", "mpimesh._native was built with")
+
+
+def _loaded_vendor() -> str | None:
+    return parse_library_version(library())[0]
 
 
 def build_record() -> dict[str, Any] | None:
@@ -200,7 +205,7 @@ def notice() -> str | None:
     Silent where it is in use, where ``MPIMESH_WIRE`` chose a path, and where
     the loaded MPI is not Open MPI (the native path's default stack).
     """
-    if settings.wire != "auto" or bind() or parse_library_version(library())[0] != "openmpi":
+    if settings.wire != "auto" or bind() or _loaded_vendor() != "openmpi":
         return None
     cure = f"fix: {fix}" if fix else "no rebuild cures it"
     return (f"mpimesh: calls take the slower mpi4py path: {why_not}; {cure} "
