@@ -184,11 +184,11 @@ def rebuild_command() -> str:
 
 
 def report() -> dict[str, str]:
-    """Which path the frames take in this process and why: ``wire`` (native or mpi4py) and ``reason``."""
+    """Which path the frames take in this process and why: ``wire`` (native, mpi4py, or error) and ``reason``."""
     try:
         bound = bind()
     except RuntimeError as exc:
-        return {"wire": "none", "reason": str(exc)}
+        return {"wire": "error", "reason": str(exc)}
     if not bound:
         return {"wire": "mpi4py", "reason": why_not + (f"; fix: {fix}" if fix else "")}
     from .. import _native
