@@ -18,8 +18,8 @@ The extension is optional: without a working wrapper the build warns, listing
 all four places, and the install goes on without it.  Each build writes
 ``_native_build.json`` beside the extension: which wrapper built it and where
 that came from, or why it was not built; ``mpimesh info`` reports it.  An
-in-place (or editable) build skipped with ``MPIMESH_MPICC=none`` leaves the
-source tree's record alone, so it keeps describing the extension there.
+in-place (or editable) build that builds nothing (e.g. ``MPIMESH_MPICC=none``)
+leaves the source tree's extension and record alone.
 """
 
 import json
@@ -100,16 +100,18 @@ class BuildExt(build_ext):
         outputs = super().get_outputs()
         return outputs if self.inplace else [*outputs, self._record_paths()[0]]
 
+    # setuptools' private hooks (_get_output_mapping, _get_inplace_equivalent) as of setuptools 77-84.
     def _get_output_mapping(self):  # noqa: ANN202 - setuptools' private hook (editable installs)
         yield from super()._get_output_mapping()
         if self.inplace and not self._skipped():
             yield self._record_paths()
 
     def copy_extensions_to_source(self) -> None:
-        """Copy the extension in place, and its record unless skipped with ``MPIMESH_MPICC=none``."""
+        """Copy the extension in place, with its record when it was built (the pair stays consistent)."""
         super().copy_extensions_to_source()
         regular, inplace = self._record_paths()
-        if not self._skipped() and os.path.exists(regular):
+        built = self._get_inplace_equivalent(self.get_finalized_command("build_py"), self.extensions[0])[1]
+        if os.path.exists(built) and os.path.exists(regular):
             self.copy_file(regular, inplace, level=self.verbose)
 
     def build_extensions(self) -> None:
