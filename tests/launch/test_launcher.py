@@ -494,6 +494,7 @@ def test_main_info_get(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["srun_mpi"] == {"openmpi": "pmix", "mpich": "pmi2", "intel": "pmi2"}[vendor]
     assert report["cuda_aware"] in ("true", "false", "unknown")
     assert report["mpiexec"] is None or os.access(report["mpiexec"], os.X_OK)
+    assert report["wire"] in ("native", "mpi4py") and report["wire_reason"], report
 
 
 @pytest.mark.subprocess
@@ -503,7 +504,7 @@ def test_main_info_unknown_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err == (
         "mpimesh: error: mpimesh info: expecting a key among python, mpi4py, mpi_vendor,"
         " mpi_library_version, mpi_standard, libmpi, mpiexec, mpiexec_candidates, ulfm,"
-        " cuda_aware, srun_mpi, got 'nope'\n"
+        " cuda_aware, srun_mpi, wire, wire_reason, got 'nope'\n"
     )
 
 
