@@ -43,11 +43,15 @@ __all__ = [
 ]
 
 
-def _fixup_module_metadata() -> None:
-    # The names mpimesh re-exports report module `mpimesh`, as its own do.
-    import mpimesh
+#: The names ``mpimesh`` re-exports (its ``_TENSOR``): they report module ``mpimesh``, as its own do.
+_REEXPORTED = (
+    "Remote", "Replicate", "Shard", "Tensor", "distribute", "fetch_shard", "gather", "get_active_mesh", "inspect",
+    "no_mesh", "reduce", "reduce_", "remote",
+)
 
-    for name in mpimesh._TENSOR:
+
+def _fixup_module_metadata() -> None:
+    for name in _REEXPORTED:
         obj = globals()[name]
         if getattr(obj, "__module__", "").startswith("mpimesh."):
             obj.__module__ = "mpimesh"

@@ -55,3 +55,10 @@ def test_monarch_transport_names_say_what_replaces_them(call: Any, instead: str)
     with pytest.raises(NotImplementedError, match=r"^\w+\(.*\) is Monarch's own transport and bootstrap, which "
                        r"mpimesh does not have; " + re.escape(instead)):
         call()
+
+
+def test_tensor_names_are_the_tensor_packages() -> None:
+    """mpimesh's lazy tensor names are exactly those mpimesh.tensor re-homes."""
+    import mpimesh.tensor
+
+    assert mpimesh._TENSOR == mpimesh.tensor._REEXPORTED

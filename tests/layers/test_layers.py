@@ -13,6 +13,12 @@ to bottom:
 - ``_transport``: frames over MPI;
 - value leaves (``shape value_mesh future errors context supervision config``).
 
+``tensor`` (the tensor engine) sits on top of the public modules: it spawns
+actors and imports torch.  The public modules reach it only through the lazy
+entry points in :data:`TENSOR_ENTRIES` (``procs.activate()``, and
+``mpimesh.<tensor name>`` on first use), so that importing mpimesh never
+imports torch.
+
 ``_launch`` runs before MPI is initialised and imports none of the runtime;
 its pure helpers (parsing an MPI library's version string) may be used below.
 """
@@ -36,9 +42,18 @@ ALLOWED: dict[str, set[str]] = {
     "_core": {"_data", "_transport", "_launch", "leaf"},
     "_roles": {"_core", "_data", "_transport", "_launch", "leaf"},
     "public": {"_core", "_data", "leaf"},
+    "tensor": {"public", "_core", "_data", "_transport", "_launch", "leaf"},
     "_launch": {"leaf"},
     "__init__": {"public", "leaf"},
     "__main__": {"_launch", "_roles", "_core", "_transport", "leaf"},
+}
+
+#: Lazy imports (inside a function) into the tensor engine from the layers below it: the
+#: only way in, so that importing mpimesh never imports torch.  Not edges of the graph.
+TENSOR_ENTRIES = {
+    ("mpimesh", "mpimesh.tensor"),
+    ("mpimesh.proc_mesh", "mpimesh.tensor"),
+    ("mpimesh.proc_mesh", "mpimesh.tensor._handle"),
 }
 
 #: The largest import cycle allowed: a module and the one that boots it on first use.
@@ -92,6 +107,8 @@ def layer(name: str) -> str:
         return "leaf"
     if top in PUBLIC:
         return "public"
+    if top == "tensor":
+        return "tensor"
     if top in {"__main__", "_transport", "_data", "_core", "_roles", "_launch"}:
         return top
     if top == "_native":
@@ -105,7 +122,7 @@ def graph() -> dict[str, set[str]]:
     edges = {name: set() for name in mods}
     for name, path in mods.items():
         for target in imports(name, path, known):
-            if target != name and target in known:
+            if target != name and target in known and (name, target) not in TENSOR_ENTRIES:
                 edges[name].add(target)
     return edges
 
@@ -167,6 +184,18 @@ def test_no_import_cycles() -> None:
     """No import cycle of more than MAX_CYCLE modules, counting every import."""
     big = [c for c in cycles(graph()) if len(c) > MAX_CYCLE]
     assert not big, "import cycles:\n" + "\n".join(" -> ".join(c) for c in big)
+
+
+def test_tensor_entries_are_lazy() -> None:
+    """Every import of the tensor engine from below it is inside a function, never at module level."""
+    mods = modules()
+    for name, target in sorted(TENSOR_ENTRIES):
+        tree = ast.parse(mods[name].read_text())
+        for node in tree.body:  # module level only
+            if isinstance(node, ast.ImportFrom) and "tensor" in (node.module or ""):
+                raise AssertionError(f"{name} imports {target} at module level")
+            if isinstance(node, ast.ImportFrom) and node.module is None and any(a.name == "tensor" for a in node.names):
+                raise AssertionError(f"{name} imports {target} at module level")
 
 
 def test_launch_imports_no_runtime() -> None:
