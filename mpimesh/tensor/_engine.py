@@ -30,6 +30,9 @@ __all__ = ["Engine", "resolve_op"]
 
 _OPS: dict[str, Any] = {}
 
+#: Seconds a batch waits at most for a fetched tensor's reply to leave before writing to it.
+_LEND_BOUND = 60.0
+
 
 def resolve_op(name: str) -> Any:
     """The operator overload called ``name`` (``"aten::add.Tensor"``), looked up once per process."""
@@ -56,7 +59,9 @@ class Engine(Actor):
         self.index = current_rank().rank
         self.table: dict[int, Any] = {}
         self.functions: dict[int, Callable[..., Any]] = {}
+        self._lent = False  # a fetch's reply may still be reading a tensor's memory
         self.comms = _collectives.Communicators(_current.current().addr)
+        self.spares = _collectives.Spares()
         # reduction groups by the controller's key: this process's group (members' addresses, ports to join them)
         self.groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...]]] = {}
 
@@ -88,13 +93,16 @@ class Engine(Actor):
     @endpoint
     def run(self, batch: list[tuple[Any, ...]]) -> None:
         """Execute a batch of commands in order (sent with ``broadcast``: nothing is returned)."""
+        if self._lent:
+            self._lent = False
+            _current.current().drain_sends(_LEND_BOUND)
         for command in batch:
             kind = command[0]
             if kind == OP:
                 self._op(*command[1:])
             elif kind == DEL:
                 for i in command[1]:
-                    self.table.pop(i, None)
+                    self.spares.give(self.table.pop(i, None))
             elif kind == REMOTE:
                 self._remote(*command[1:])
             elif kind == REDUCE:
@@ -165,7 +173,8 @@ class Engine(Actor):
             )
             return
         try:
-            self.table[out_id] = _collectives.reduce(comm, value, reduction, scatter, inplace=in_id == out_id)
+            self.table[out_id] = _collectives.reduce(comm, value, reduction, scatter, inplace=in_id == out_id,
+                                                         spares=self.spares)
         except Exception as exc:
             formatted = "".join(traceback.format_exception(exc))
             self.table[out_id] = Poison(what, site, f"{type(exc).__name__}: {exc}", formatted)
@@ -190,7 +199,14 @@ class Engine(Actor):
         if isinstance(value, Poison):
             error = RemoteTensorError(value.what, value.site, value.error)
             raise error from _Formatted(value.formatted) if value.formatted else error
-        result: torch.Tensor = value.detach().to("cpu", copy=True)
+        if value.device.type == "cpu" and value.is_contiguous():
+            # Lent, not copied (a 64 MiB copy into fresh memory cost 3x the
+            # transfer): the reply is sent from this memory, so the next batch
+            # waits for the sends to leave before it may write to it.
+            self._lent = True
+            lent: torch.Tensor = value.detach()
+            return lent
+        result: torch.Tensor = value.detach().to("cpu").contiguous()
         return result
 
     @endpoint

@@ -336,3 +336,29 @@ def test_worker_tensors_are_freed_with_their_handles(procs: Any) -> None:
     assert all(s["tensors"] < 50 for s in stats), stats
 
 
+
+
+def test_a_fetched_value_is_not_changed_by_the_next_operations(procs: Any) -> None:
+    """fetch_shard sends from the tensor's own memory; an in-place op issued right after waits for the send."""
+    with procs.activate():
+        t = torch.zeros(4 << 20)  # 16 MiB: out of band, in pieces
+    futures = []
+    for _ in range(3):
+        futures.append(mpimesh.fetch_shard(t, gpus=1))
+        with procs.activate():
+            t.add_(1)
+    for k, fut in enumerate(futures):
+        value = fut.get(60)
+        assert value.min().item() == value.max().item() == k
+
+
+def test_reduce_results_reuse_memory_only_when_free(procs: Any) -> None:
+    """A loop of new reductions gives right values each time while old results stay readable."""
+    with procs.activate():
+        t = torch.ones(1 << 20) * (procs.rank_tensor("gpus") + 1)
+        kept = t.reduce("gpus", "sum")
+        for _ in range(5):
+            s = t.reduce("gpus", "sum")
+            s = s * 2
+    assert mpimesh.inspect(s, gpus=0)[7].item() == 6.0
+    assert mpimesh.inspect(kept, gpus=1)[7].item() == 3.0
