@@ -13,6 +13,10 @@ to bottom:
 - ``_transport``: frames over MPI;
 - value leaves (``shape value_mesh future errors context supervision config``).
 
+Tools built on the public API alone sit above it, each a package of its own
+(``spmd``: torch.distributed inside actors); ``mpimesh/__init__`` does not
+re-export them.
+
 ``_launch`` runs before MPI is initialised and imports none of the runtime;
 its pure helpers (parsing an MPI library's version string) may be used below.
 """
@@ -27,6 +31,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mpimesh"
 
 LEAVES = {"shape", "value_mesh", "future", "errors", "context", "supervision", "config", "_version", "transport_names"}
 PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma"}
+TOOLS = {"spmd"}
 
 #: layer -> the layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
@@ -39,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "_launch": {"leaf"},
     "__init__": {"public", "leaf"},
     "__main__": {"_launch", "_roles", "_core", "_transport", "leaf"},
+    "tools": {"public", "leaf"},
 }
 
 #: The largest import cycle allowed: a module and the one that boots it on first use.
@@ -92,6 +98,8 @@ def layer(name: str) -> str:
         return "leaf"
     if top in PUBLIC:
         return "public"
+    if top in TOOLS:
+        return "tools"
     if top in {"__main__", "_transport", "_data", "_core", "_roles", "_launch"}:
         return top
     if top == "_native":

@@ -87,6 +87,19 @@ def test_world_env_groups_ranks_by_host() -> None:
                       "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "4", "ROLE_WORLD_SIZE": "5", "ROLE_NAME": "rank"}
 
 
+def test_probe_tells_reachable_addresses() -> None:
+    """The probe keeps only the candidates a connection reaches, and nothing once it is closed."""
+    from mpimesh.spmd._address import Probe, reachable
+
+    probe = Probe()
+    try:
+        # 192.0.2.1 is TEST-NET-1 (RFC 5737): never this host, so never the probe's
+        assert reachable(["192.0.2.1", "127.0.0.1", "localhost"], probe.port) == ["127.0.0.1", "localhost"]
+    finally:
+        probe.close()
+    assert reachable(["127.0.0.1"], probe.port) == []
+
+
 @pytest.mark.subprocess
 def test_import_does_not_import_torch() -> None:
     """Importing mpimesh.spmd leaves torch unimported (workers' loops stay light)."""
