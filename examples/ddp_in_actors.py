@@ -36,6 +36,7 @@ class Trainer(Actor):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
+        torch.set_num_threads(1)  # 4 ranks share this host's cores: one thread each, no oversubscription
         dist.init_process_group("gloo")  # init_method="env://": the variables setup_torch_elastic_env set
         rank = dist.get_rank()
         torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
@@ -67,6 +68,9 @@ class Trainer(Actor):
     def finish(self) -> None:
         import torch.distributed as dist
 
+        # DDP holds the process group: drop it first, so the group is torn down
+        # now, on every rank together, and not one by one as the processes exit
+        del self.model, self.opt
         dist.destroy_process_group()
 
 

@@ -129,6 +129,16 @@ def candidates(use_ipaddr: str | None) -> list[str]:
     return [socket.gethostname(), *addresses("ipv4"), *addresses("ipv6")]
 
 
+def _listener() -> socket.socket:
+    """A TCP listener on a spare port of every interface: IPv4 and IPv6 where the host has both."""
+    if socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+        except OSError:  # IPv6 turned off on this host (sysctl)
+            pass
+    return socket.create_server(("", 0))
+
+
 class Probe:
     """A listener on a spare port of every interface that accepts and drops connections until closed.
 
@@ -138,8 +148,7 @@ class Probe:
     """
 
     def __init__(self) -> None:
-        self._sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True) \
-            if socket.has_dualstack_ipv6() else socket.create_server(("", 0))
+        self._sock = _listener()
         self._sock.settimeout(0.1)
         self.port = int(self._sock.getsockname()[1])
         self._stop = threading.Event()
