@@ -78,3 +78,18 @@ def test_tensor_training_matches_one_process(example: str, launch: str) -> None:
     assert "largest relative difference from one-process training:" in result.stdout, result.stdout
     assert result.stdout.rstrip().endswith("OK"), result.stdout
     assert result.orphans == []
+
+
+@pytest.mark.parametrize("launch", ["mpirun5", "spawned"])
+def test_ddp_in_actors(launch: str) -> None:
+    """ddp_in_actors: DDP over gloo in 4 actors keeps every rank's parameters equal and lowers the loss."""
+    script = str(ROOT / "examples" / "ddp_in_actors.py")
+    cmd = python_cmd(script)
+    if launch == "mpirun5":
+        cmd = mpiexec_cmd(5, *python_cmd("-m", "mpimesh", script))
+    result = run(cmd, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("step ") == 30, result.stdout
+    assert "parameters identical on all 4 ranks: True" in result.stdout, result.stdout
+    assert result.stdout.rstrip().endswith("OK"), result.stdout
+    assert result.orphans == []

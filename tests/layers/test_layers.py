@@ -19,6 +19,10 @@ entry points in :data:`TENSOR_ENTRIES` (``procs.activate()``, and
 ``mpimesh.<tensor name>`` on first use), so that importing mpimesh never
 imports torch.
 
+Tools built on the public API alone sit above it, each a package of its own
+(``spmd``: torch.distributed inside actors); ``mpimesh/__init__`` does not
+re-export them.
+
 ``_launch`` runs before MPI is initialised and imports none of the runtime;
 its pure helpers (parsing an MPI library's version string) may be used below.
 """
@@ -33,6 +37,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mpimesh"
 
 LEAVES = {"shape", "value_mesh", "future", "errors", "context", "supervision", "config", "_version", "transport_names"}
 PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma"}
+TOOLS = {"spmd"}
 
 #: layer -> the layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
@@ -46,6 +51,7 @@ ALLOWED: dict[str, set[str]] = {
     "_launch": {"leaf"},
     "__init__": {"public", "leaf"},
     "__main__": {"_launch", "_roles", "_core", "_transport", "leaf"},
+    "tools": {"public", "leaf"},
 }
 
 #: Lazy imports (inside a function) into the tensor engine from the layers below it: the
@@ -109,6 +115,8 @@ def layer(name: str) -> str:
         return "public"
     if top == "tensor":
         return "tensor"
+    if top in TOOLS:
+        return "tools"
     if top in {"__main__", "_transport", "_data", "_core", "_roles", "_launch"}:
         return top
     if top == "_native":
