@@ -131,9 +131,9 @@ class MeshClient:
 
     # --- reductions
 
-    def reduce_command(self, shape: Shape, dims: tuple[str, ...], in_id: int, out_id: int, reduction: str,
-                       scatter: bool, site: str) -> tuple[Any, ...]:
-        """The command reducing ``in_id`` over ``dims`` of ``shape``; its groups travel the first time only.
+    def reduce_command(self, shape: Shape, dims: tuple[str, ...], in_ids: tuple[int, ...], out_ids: tuple[int, ...],
+                       reduction: str, scatter: bool, site: str) -> tuple[Any, ...]:
+        """The command reducing ``in_ids`` over ``dims`` of ``shape``; its groups travel the first time only.
 
         A group whose processes are in several MPI worlds is joined into one
         communicator the first time: its first process opens the ports for
@@ -145,7 +145,7 @@ class MeshClient:
         if key is None:
             groups = self._make_groups(shape, dims)
             key = self._groups[(shape, dims)] = len(self._groups) + 1
-        return (REDUCE, in_id, out_id, reduction, scatter, key, groups, site)
+        return (REDUCE, in_ids, out_ids, reduction, scatter, key, groups, site)
 
     def _make_groups(self, shape: Shape, dims: tuple[str, ...]) -> dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]]:
         labels = shape.labels

@@ -224,3 +224,31 @@ def reduce(comm: MPI.Intracomm, t: torch.Tensor, reduction: str, scatter: bool, 
                 t.copy_(out)
         return t
     return out
+
+
+def reduce_many(comm: MPI.Intracomm, tensors: list[torch.Tensor], reduction: str,
+                inplace: bool) -> list[torch.Tensor]:
+    """Reduce several tensors of one dtype with one ``Allreduce`` over a flat copy of them all.
+
+    As DDP's buckets do: one collective instead of one per tensor (each
+    costs a round of messages, and more on a crowded machine).  The results
+    are the inputs (``inplace``) or views of one new buffer.
+    """
+    n = comm.Get_size()
+    staged = [_host(t) for t in tensors]
+    flat = torch.cat([src.reshape(-1) for src, _ in staged])
+    comm.Allreduce(MPI.IN_PLACE, _buf(flat), op=_OPS[reduction])
+    if reduction == "avg":
+        flat.div_(n) if flat.is_floating_point() or flat.is_complex() else flat.floor_divide_(n)
+    results = []
+    offset = 0
+    for t in tensors:
+        piece = flat[offset:offset + t.numel()].view(t.shape)
+        offset += t.numel()
+        if inplace:
+            with torch.no_grad():
+                t.copy_(piece)
+            results.append(t)
+        else:
+            results.append(piece.to(t.device))
+    return results

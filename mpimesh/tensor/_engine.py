@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -144,40 +144,45 @@ class Engine(Actor):
         rank = shape.ranks().index(self.index)
         return torch.tensor(shape.coordinates(rank)[dim])
 
-    def _reduce(self, in_id: int, out_id: int, reduction: str, scatter: bool, key: int,
+    def _reduce(self, in_ids: tuple[int, ...], out_ids: tuple[int, ...], reduction: str, scatter: bool, key: int,
                 groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...]]] | None, site: str) -> None:
         what = f"reduce({reduction!r})"
         if groups is not None:
             self.groups[key] = groups[self.index]
         comm = self.comms.get(*self.groups[key])
-        value = self.table.get(in_id)
-        bad: Poison | None = value if isinstance(value, Poison) else None
-        if value is None:
-            bad = Poison(what, site, f"KeyError: tensor {in_id} is not on this process", "")
-        # Every member takes part even when its input is poisoned (or MPI would
-        # hang the others); a poisoned input anywhere poisons the output
+        values = [self.table.get(i) for i in in_ids]
+        bad: Poison | None = next((v for v in values if isinstance(v, Poison)), None)
+        if bad is None and any(v is None for v in values):
+            bad = Poison(what, site, "KeyError: a tensor to reduce is not on this process", "")
+        # Every member takes part even when an input is poisoned (or MPI would
+        # hang the others); a poisoned input anywhere poisons the outputs
         # everywhere, and so do local tensors whose shapes differ (a remote
         # function may make them so), which MPI would misread.
-        mine = (None, "") if not isinstance(value, torch.Tensor) else (tuple(value.shape), str(value.dtype))
+        mine = None if bad is not None else tuple((tuple(v.shape), str(v.dtype)) for v in values if v is not None)
         everyone = comm.allgather(mine)
+        if bad is None and any(other is None for other in everyone):
+            bad = Poison(what, site, "the input is poisoned on another process of the group", "")
+        if bad is None and len(set(everyone)) > 1:
+            shapes = "; ".join(str(other) for other in everyone)
+            bad = Poison(what, site, f"ValueError: the local tensors differ in shape or dtype across the group: "
+                                     f"{shapes}", "")
         if bad is not None:
-            self.table[out_id] = bad
+            for out in out_ids:
+                self.table[out] = bad
             return
-        if any(other[0] is None for other in everyone) or not isinstance(value, torch.Tensor):
-            self.table[out_id] = Poison(what, site, "the input is poisoned on another process of the group", "")
-            return
-        if len(set(everyone)) > 1:
-            shapes = ", ".join(f"{s} {d}" for s, d in everyone)
-            self.table[out_id] = Poison(
-                what, site, f"ValueError: the local tensors differ in shape or dtype across the group: {shapes}", ""
-            )
-            return
+        tensors = cast(list[torch.Tensor], values)  # checked above: no poison, none missing
         try:
-            self.table[out_id] = _collectives.reduce(comm, value, reduction, scatter, inplace=in_id == out_id,
-                                                         spares=self.spares)
+            if len(tensors) == 1:
+                self.table[out_ids[0]] = _collectives.reduce(
+                    comm, tensors[0], reduction, scatter, inplace=in_ids == out_ids, spares=self.spares)
+            else:
+                results = _collectives.reduce_many(comm, tensors, reduction, inplace=in_ids == out_ids)
+                for out, result in zip(out_ids, results, strict=True):
+                    self.table[out] = result
         except Exception as exc:
             formatted = "".join(traceback.format_exception(exc))
-            self.table[out_id] = Poison(what, site, f"{type(exc).__name__}: {exc}", formatted)
+            for out in out_ids:
+                self.table[out] = Poison(what, site, f"{type(exc).__name__}: {exc}", formatted)
 
     @endpoint
     def open_ports(self, count: int) -> list[str]:

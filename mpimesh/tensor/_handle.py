@@ -46,13 +46,29 @@ _NEEDS_VALUE = {
 }
 
 
+_inside: dict[Any, bool] = {}  # code object -> in torch or mpimesh
+_sites: dict[tuple[Any, int], str] = {}  # one string per line: a batch pickles it once
+
+
 def site() -> str:
     """The first caller's line outside torch and mpimesh, ``file:line in function``."""
     frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+    while frame.f_back is not None:
+        code = frame.f_code
+        inside = _inside.get(code)
+        if inside is None:
+            inside = _inside[code] = code.co_filename.startswith(_INTERNAL)
+        if not inside:
+            break
         frame = frame.f_back
     code = frame.f_code
-    return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+    key = (code, frame.f_lineno)
+    text = _sites.get(key)
+    if text is None:
+        if len(_sites) > 65536:
+            _sites.clear()
+        text = _sites[key] = f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+    return text
 
 
 class Tensor(torch.Tensor):
@@ -126,14 +142,16 @@ class Tensor(torch.Tensor):
         """Reduce over mesh dimensions ``dims`` with an MPI collective; see :func:`mpimesh.reduce`."""
         from ._reduce import reduce
 
-        return reduce(self, dims, reduction, scatter=scatter, mesh=mesh, out=out)
+        result: Tensor = reduce(self, dims, reduction, scatter=scatter, mesh=mesh, out=out)
+        return result
 
     def reduce_(self, dims: str | tuple[str, ...] | list[str], reduction: str = "sum",
                 scatter: bool = False, mesh: Any = None) -> Tensor:
         """Reduce in place over mesh dimensions ``dims``; see :func:`mpimesh.reduce_`."""
         from ._reduce import reduce_
 
-        return reduce_(self, dims, reduction, scatter=scatter, mesh=mesh)
+        result: Tensor = reduce_(self, dims, reduction, scatter=scatter, mesh=mesh)
+        return result
 
     @classmethod
     def __torch_dispatch__(  # type: ignore[override]
@@ -176,7 +194,7 @@ def unwrap(x: Any) -> Any:
     return x
 
 
-def _mesh_of(leaves: list[Any], what: str) -> ProcMesh | None:
+def _mesh_of(leaves: list[Any], what: Any) -> ProcMesh | None:
     procs: ProcMesh | None = None
     for leaf in leaves:
         if isinstance(leaf, Tensor):
@@ -255,7 +273,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
     name = _NAMES.get(func)
     if name is None:
         name = _NAMES[func] = func.name()  # "aten::add.Tensor"
-    procs = _mesh_of(leaves, str(func))
+    procs = _mesh_of(leaves, func)
     if procs is None:
         if active is None:
             return func(*args, **kwargs)

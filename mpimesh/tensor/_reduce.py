@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._client import client_of
 from ._handle import Tensor, mesh_tensor, site
@@ -79,8 +80,31 @@ def _prepare(t: Any, dims: Any, reduction: str, scatter: bool, mesh: Any) -> tup
     return t, names, n
 
 
+def _many(obj: Any, dims: Any, reduction: str, mesh: Any) -> tuple[list[Tensor], Any, tuple[str, ...]]:
+    """The mesh tensors of a pytree (all of one mesh and dtype), its spec, and the dimensions."""
+    leaves, spec = tree_flatten(obj)
+    if not leaves or not all(isinstance(leaf, Tensor) for leaf in leaves):
+        raise TypeError("tensor engine: reduce needs an mpimesh.Tensor or a pytree (list, tuple, dict) of them, "
+                        f"got {obj!r}" if not leaves else
+                        "tensor engine: reduce needs an mpimesh.Tensor or a pytree (list, tuple, dict) of them, "
+                        f"got a {type(next(x for x in leaves if not isinstance(x, Tensor))).__name__} in it")
+    if reduction in ("stack",):
+        raise ValueError("tensor engine: 'stack' takes one tensor, not a pytree; stack each tensor")
+    first = leaves[0]
+    names: tuple[str, ...] = ()
+    for leaf in leaves:
+        _, names, _ = _prepare(leaf, dims, reduction, False, mesh)
+        if (leaf._procs._key, leaf._procs._shape) != (first._procs._key, first._procs._shape):
+            raise ValueError(f"tensor engine: reduce of a pytree mixes tensors of {first._procs!r} and "
+                             f"{leaf._procs!r}; reduce each mesh's tensors apart")
+        if leaf.dtype != first.dtype:
+            raise TypeError(f"tensor engine: reduce of a pytree mixes dtypes {first.dtype} and {leaf.dtype}; "
+                            "reduce each dtype apart")
+    return leaves, spec, names
+
+
 def reduce(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, mesh: Any = None,
-           out: Any = None) -> Tensor:
+           out: Any = None) -> Any:
     """Reduce ``t`` over the mesh dimensions ``dims`` with an MPI collective; returns a new mesh tensor.
 
     Each group of processes that share their coordinates on the other
@@ -89,15 +113,30 @@ def reduce(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, 
     (``MPI_Allreduce``), or ``stack`` (``MPI_Allgather``: a new leading
     dimension, one entry per process, in mesh order).  ``scatter=True``
     leaves each process its block of dimension 0 (``MPI_Reduce_scatter``).
-    Runs on the tensors' memory, never pickled; returns at once.
+    ``t`` may also be a pytree (list, tuple, dict) of tensors of one mesh and
+    dtype: they are reduced together, with one collective over a flat copy
+    (as DDP's buckets), and the result has the same structure.  Runs on the
+    tensors' memory, never pickled; returns at once.
 
     Raises:
-        TypeError: ``t`` is not a mesh tensor, or MPI cannot reduce its dtype.
+        TypeError: ``t`` is not a mesh tensor (or a pytree of them), or MPI cannot reduce its dtype.
         ValueError: an unknown dimension or reduction, or a shape ``scatter`` cannot split.
     """
-    t, names, n = _prepare(t, dims, reduction, scatter, mesh)
     if out is not None:
-        raise NotImplementedError("tensor engine: reduce(out=...) is not supported; use t.reduce_(...) in place")
+        raise NotImplementedError("tensor engine: reduce(out=...) is not supported; use reduce_() in place")
+    if not isinstance(t, Tensor) and isinstance(t, (list, tuple, dict)):
+        if scatter:
+            raise ValueError("tensor engine: scatter=True takes one tensor, not a pytree")
+        leaves, spec, names = _many(t, dims, reduction, mesh)
+        first = leaves[0]
+        client = client_of(first._procs)
+        results = [mesh_tensor(torch.empty_like(leaf._meta, device="meta"), first._procs, client, leaf.device)
+                   for leaf in leaves]
+        client.issue(first._procs._shape, client.reduce_command(
+            first._procs._shape, names, tuple(x._id for x in leaves), tuple(x._id for x in results), reduction,
+            False, site()))
+        return tree_unflatten(results, spec)
+    t, names, n = _prepare(t, dims, reduction, scatter, mesh)
     meta = t._meta
     if reduction == "stack":
         meta = torch.empty((n, *meta.shape), dtype=meta.dtype, device="meta")
@@ -107,21 +146,29 @@ def reduce(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, 
         meta = torch.empty_like(meta, device="meta")
     client = client_of(t._procs)
     result = mesh_tensor(meta, t._procs, client, t.device)
-    client.issue(t._procs._shape,
-                 client.reduce_command(t._procs._shape, names, t._id, result._id, reduction, scatter, site()))
+    client.issue(t._procs._shape, client.reduce_command(
+        t._procs._shape, names, (t._id,), (result._id,), reduction, scatter, site()))
     return result
 
 
-def reduce_(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, mesh: Any = None) -> Tensor:
-    """Reduce ``t`` over ``dims`` in place (``MPI_IN_PLACE``); see :func:`reduce`.
+def reduce_(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, mesh: Any = None) -> Any:
+    """Reduce ``t`` (a mesh tensor or a pytree of them) over ``dims`` in place; see :func:`reduce`.
 
     Raises:
         ValueError: as :func:`reduce`, and for ``stack`` or ``scatter=True`` (they change the shape).
     """
     if reduction == "stack" or scatter:
         raise ValueError("tensor engine: reduce_ keeps the shape, so it cannot 'stack' or scatter; use reduce()")
+    if not isinstance(t, Tensor) and isinstance(t, (list, tuple, dict)):
+        leaves, _, names = _many(t, dims, reduction, mesh)
+        first = leaves[0]
+        client = client_of(first._procs)
+        ids = tuple(x._id for x in leaves)
+        client.issue(first._procs._shape, client.reduce_command(
+            first._procs._shape, names, ids, ids, reduction, False, site()))
+        return t
     t, names, _ = _prepare(t, dims, reduction, scatter, mesh)
     client = client_of(t._procs)
-    client.issue(t._procs._shape,
-                 client.reduce_command(t._procs._shape, names, t._id, t._id, reduction, False, site()))
+    client.issue(t._procs._shape, client.reduce_command(
+        t._procs._shape, names, (t._id,), (t._id,), reduction, False, site()))
     return cast(Tensor, t)
