@@ -34,6 +34,8 @@ __all__ = ["PROMPT", "Console", "Session"]
 
 #: The debugger's prompt.
 PROMPT = "mpimesh_dbg> "
+# Set in the ranks of a job that a launcher started (Open MPI, MPICH's Hydra, Slurm).
+_LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_PROCID")
 # How long a wait for stdin or for the sessions' events sleeps between looks.
 _TICK = 0.05
 
@@ -109,6 +111,12 @@ class Console:
         self._pending = b""
         self._attached: Session | None = None
         self._prompting = False
+        # Under a launcher rank 0's output is forwarded by whole lines (Open
+        # MPI's mpirun, even through the pty it gives the rank; srun): a
+        # prompt with no newline would show only after the next line.  There,
+        # and where stdout is no terminal, a prompt ends its line.
+        self._line_prompts = write is None and (not os.isatty(1) or any(name in os.environ for name in _LAUNCHED))
+        self._at_line_start = True
         #: the sessions, by id; added by :meth:`enter`, removed by the prompt's thread
         self.sessions: dict[int, Session] = {}
         #: why no prompt can be shown ("" while the terminal works)
@@ -153,6 +161,8 @@ class Console:
     # --- output --------------------------------------------------------------------------------------
 
     def _write(self, text: str) -> None:
+        if text:
+            self._at_line_start = text.endswith("\n")
         if self._write_fn is not None:
             self._write_fn(text)
             return
@@ -162,7 +172,8 @@ class Console:
     def _notice(self, text: str) -> None:
         # A line that arrives while the prompt waits for input: on a line of its own, then the prompt again.
         if self._prompting:
-            self._write(f"\n{text}\n{PROMPT}")
+            self._write(f"{'' if self._at_line_start else chr(10)}{text}\n{PROMPT}")
+            self._end_prompt()
         else:
             self._write(f"{text}\n")
 
@@ -227,10 +238,16 @@ class Console:
 
     # --- input ---------------------------------------------------------------------------------------
 
+    def _end_prompt(self) -> None:
+        # Where output goes by whole lines, a prompt must end its line to be seen.
+        if self._line_prompts and not self._at_line_start:
+            self._write("\n")
+
     def _readline(self, stop: Callable[[], bool]) -> str | _Interrupted | None:
         """The next line of stdin, applying events meanwhile; None at end of input, ``_INTERRUPTED`` if ``stop()``."""
         while True:
             self._drain()
+            self._end_prompt()
             if b"\n" in self._pending:
                 line, _, self._pending = self._pending.partition(b"\n")
                 return line.decode(errors="replace")
