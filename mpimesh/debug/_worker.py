@@ -53,10 +53,34 @@ def _actor() -> Any:
     return context().actor_instance._actor
 
 
+# cloudpickle names the code of functions it ships by value (those of the
+# script's __main__) "<dynamic-code>", but keeps their globals' __file__.
+_DYNAMIC = "<dynamic-code>"
+
+
 def _where(frame: FrameType | None) -> tuple[str, int, str]:
     if frame is None:
         return ("?", 0, "?")
-    return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    path = frame.f_code.co_filename
+    if path == _DYNAMIC:
+        path = str(frame.f_globals.get("__file__") or path)
+    return (path, frame.f_lineno, frame.f_code.co_name)
+
+
+def _find_source(frame: FrameType | None) -> None:
+    """Let pdb show the source of code shipped by value (the script's classes), when its file is readable here."""
+    if frame is None or frame.f_code.co_filename != _DYNAMIC:
+        return
+    import linecache
+
+    path = frame.f_globals.get("__file__")
+    try:
+        with open(str(path)) as f:
+            lines = f.readlines()
+    except (OSError, TypeError, UnicodeDecodeError):
+        return  # another host without the file: pdb says it has no source
+    # Line numbers are the original ones (cloudpickle keeps them); mtime None: never checked again.
+    linecache.cache[_DYNAMIC] = (sum(map(len, lines)), None, lines, str(path))
 
 
 class _Terminal:
@@ -157,6 +181,7 @@ def _remote_pdb_class() -> type[pdb.Pdb]:
                     traceback = traceback.tb_next
                 here = traceback.tb_frame
             term.where = _where(here)
+            _find_source(here)
             if term.sid < 0 and not term.open():
                 self.set_continue()
                 return

@@ -363,3 +363,13 @@ def test_pythonbreakpoint_0_disables_breakpoints(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "result [31, 32]" in done.stdout
     assert "mpimesh_dbg" not in done.stdout and "skipped" not in done.stdout + done.stderr
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(300)
+def test_example_runs_without_a_terminal() -> None:
+    """``examples/debugging.py`` runs to its end in a batch job: its breakpoint and post-mortem are skipped."""
+    done = run([sys.executable, str(ROOT / "examples" / "debugging.py")], timeout=180, env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "losses [0.45, 0.3]" in done.stdout and "\ndone\n" in done.stdout
+    assert "post-mortem at debugging.py:28 in load() of actor 'trainers' rank 1 skipped" in done.stdout + done.stderr
