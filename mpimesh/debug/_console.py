@@ -69,6 +69,8 @@ class Session:
     collect: list[str] | None = None
     #: told to continue by ``continue`` (or end of input)
     released: bool = False
+    #: its pause has been announced on the terminal
+    announced: bool = False
 
     @property
     def label(self) -> str:
@@ -198,12 +200,14 @@ class Console:
         if session is None:
             return
         if event[0] == "enter":
-            path, line, function = session.where
-            self._notice(f"mpimesh: {session.label} ({_coords(session.coords)}) on {session.host} paused "
-                         f"({session.kind}) at {os.path.basename(path)}:{line} in {function}()")
-            return
+            return  # announced once at its prompt (below): `list` then shows it paused
         _, _, text, state, where = event
         session.where = where
+        if state == "paused" and not session.announced:
+            session.announced = True
+            path, line, function = where
+            self._notice(f"mpimesh: {session.label} ({_coords(session.coords)}) on {session.host} paused "
+                         f"({session.kind}) at {os.path.basename(path)}:{line} in {function}()")
         if session is self._attached:
             self._write(text)
         elif session.collect is not None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import mpimesh
+from mpimesh import Actor, endpoint
 from mpimesh.debug import parse_ranks
 from mpimesh.debug._commands import Command, parse
 from tests.mpitest import ROOT, base_env, leftovers, run
@@ -99,6 +101,50 @@ def test_bad_commands_say_what_is_expected(line: str, message: str) -> None:
     """A command the prompt cannot run is refused with what it expects."""
     with pytest.raises(ValueError, match=message):
         parse(line)
+
+
+# --- pm() and the runtime (pure, then mesh) ------------------------------------------------------------
+
+
+def test_pm_refuses_what_it_cannot_debug() -> None:
+    """pm() takes an ActorError that names its actor, and says so otherwise."""
+    with pytest.raises(TypeError, match=r"^pm\(\) needs an ActorError, got RuntimeError; catch the error of "
+                       r"fut\.get\(\) with `except mpimesh\.ActorError as error`$"):
+        mpimesh.debug.pm(RuntimeError("local"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^cannot debug this error post mortem: it names no actor$"):
+        mpimesh.debug.pm(mpimesh.ActorError(RuntimeError("made here")))
+
+
+class Breaker(Actor):
+    """Pauses at a breakpoint, or fails, on demand."""
+
+    @endpoint
+    def work(self, x: int) -> int:
+        y = x + 1
+        breakpoint()
+        return y
+
+    @endpoint
+    def fail(self) -> None:
+        raise KeyError("lost")
+
+
+@pytest.mark.mesh
+def test_breakpoint_with_stdin_at_end_does_not_hang(procs: object) -> None:
+    """Under the runtime, with the controller's stdin at end of input (pytest's), a breakpoint lets the call finish."""
+    mesh = procs.spawn("breakers", Breaker)  # type: ignore[attr-defined]
+    assert list(mesh.work.call(2).get(timeout=120).values()) == [3, 3]
+    assert mpimesh.debug_controller() is mpimesh.debug_controller()
+    assert mpimesh.debug_controller().sessions.call_one().get(timeout=60) == []
+
+
+@pytest.mark.mesh
+def test_actor_error_names_its_actor(procs: object) -> None:
+    """An endpoint's ActorError carries the actor's id, which pm() uses to find the frames."""
+    mesh = procs.spawn("failers", Breaker)  # type: ignore[attr-defined]
+    with pytest.raises(mpimesh.ActorError) as caught:
+        mesh.slice(gpus=1).fail.call_one().get(timeout=60)
+    assert re.fullmatch(r"failers\[1\]@\d+\.\d+", caught.value.actor_id)
 
 
 # --- sessions on a real terminal (subprocess) ---------------------------------------------------------
@@ -240,6 +286,9 @@ def test_pdb_set_trace_in_async_endpoint_spawned(tmp_path: Path) -> None:
     """)
     with terminal([sys.executable, str(script)]) as child:
         expect_each(child, [f"actor 'asyncs' rank {rank} (ranks={rank}) on " for rank in (0, 1)])
+        child.expect_exact(PROMPT)
+        child.sendline("help")
+        child.expect_exact("mpimesh debugger commands (sessions are keyed by actor name and rank):")
         child.expect_exact(PROMPT)
         child.sendline("attach nobody 0")
         child.expect_exact("mpimesh: no paused actor named 'nobody'; paused: asyncs")
