@@ -67,20 +67,24 @@ def _where(frame: FrameType | None) -> tuple[str, int, str]:
     return (path, frame.f_lineno, frame.f_code.co_name)
 
 
-def _find_source(frame: FrameType | None) -> None:
-    """Let pdb show the source of code shipped by value (the script's classes), when its file is readable here."""
+def _find_source(frame: FrameType | None) -> str:
+    """Let pdb show the source of code shipped by value (the script's classes); returns its file, or ``""``.
+
+    Only when the file is readable here (the same host, or a shared file system).
+    """
     if frame is None or frame.f_code.co_filename != _DYNAMIC:
-        return
+        return ""
     import linecache
 
-    path = frame.f_globals.get("__file__")
+    path = str(frame.f_globals.get("__file__"))
     try:
-        with open(str(path)) as f:
+        with open(path) as f:
             lines = f.readlines()
-    except (OSError, TypeError, UnicodeDecodeError):
-        return  # another host without the file: pdb says it has no source
+    except (OSError, UnicodeDecodeError):
+        return ""  # another host without the file: pdb says it has no source
     # Line numbers are the original ones (cloudpickle keeps them); mtime None: never checked again.
-    linecache.cache[_DYNAMIC] = (sum(map(len, lines)), None, lines, str(path))
+    linecache.cache[_DYNAMIC] = (sum(map(len, lines)), None, lines, path)
+    return path
 
 
 class _Terminal:
@@ -171,6 +175,14 @@ def _remote_pdb_class() -> type[pdb.Pdb]:
             self.terminal = terminal
             self.post_mortem = post_mortem
             self._ended = False
+            #: the file of the code shipped by value that pdb shows, once found
+            self.dynamic_path = ""
+
+        def canonic(self, filename: str) -> str:
+            # "> script.py(23)step()" rather than "<dynamic-code>", and breakpoints by the script's name
+            if filename == _DYNAMIC and self.dynamic_path:
+                return self.dynamic_path
+            return str(super().canonic(filename))
 
         def interaction(self, frame: FrameType | None, traceback: TracebackType | None) -> None:
             """One stop: open the session if it is new, run the prompt, say whether the rank still steps."""
@@ -181,7 +193,7 @@ def _remote_pdb_class() -> type[pdb.Pdb]:
                     traceback = traceback.tb_next
                 here = traceback.tb_frame
             term.where = _where(here)
-            _find_source(here)
+            self.dynamic_path = _find_source(here) or self.dynamic_path
             if term.sid < 0 and not term.open():
                 self.set_continue()
                 return
