@@ -416,15 +416,24 @@ class Console:
             if session.state == "ended":
                 self._write(f"mpimesh: {session.label} resumed\n")
 
-    def _continue_all(self) -> None:
-        self._write(f"mpimesh: continuing {len(self.sessions)} paused rank(s), breakpoints cleared\n")
-        while self.sessions:
-            for session in list(self.sessions.values()):
+    def _continue_all(self, *, every: bool = False) -> None:
+        """Resume the ranks paused now (clearing their breakpoints); with ``every``, also those that pause meanwhile.
+
+        A rank that stops again later (another ``breakpoint()``) is a new
+        session, left for the prompt.
+        """
+        targets = list(self.sessions.values())
+        self._write(f"mpimesh: continuing {len(targets)} paused rank(s), breakpoints cleared\n")
+        while True:
+            if every:
+                targets = list(self.sessions.values())
+            live = [s for s in targets if s.sid in self.sessions]
+            if not live:
+                return
+            for session in live:
                 if session.state == "paused" and not session.released:
                     session.released = True
                     self._send(session, CONTINUE_ALL)
-                elif session.state == "paused":
-                    session.released = False  # it stopped again (stepping): tell it again next pass
             self._drain(_TICK)
 
     def _end_of_input(self) -> None:
@@ -432,4 +441,4 @@ class Console:
             self.closed = "the controller's stdin is closed"
         self._write("\nmpimesh: end of input on the controller's stdin: continuing every paused rank; "
                     "later breakpoints are skipped\n")
-        self._continue_all()
+        self._continue_all(every=True)

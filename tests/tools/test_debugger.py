@@ -179,6 +179,7 @@ class AsyncStepper(Actor):
     async def work(self, x: int) -> int:
         w = x + 100
         pdb.set_trace()
+        w += 0
         return w + mpimesh.current_rank().rank
 '''
 
@@ -278,7 +279,7 @@ def test_breakpoints_under_mpimesh_run(tmp_path: Path) -> None:
 @pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_pdb_set_trace_in_async_endpoint_spawned(tmp_path: Path) -> None:
-    """``pdb.set_trace()`` in an async endpoint pauses spawned workers; the prompt reports misuse clearly."""
+    """``pdb.set_trace()`` in async endpoints of spawned workers; misuse is reported; continue clears breakpoints."""
     script = write_script(tmp_path, """
         procs = this_host().spawn_procs(per_host={"ranks": 2})
         asyncs = procs.spawn("asyncs", AsyncStepper)
@@ -307,7 +308,10 @@ def test_pdb_set_trace_in_async_endpoint_spawned(tmp_path: Path) -> None:
         child.expect_exact(PROMPT)
         child.sendline("cast asyncs ranks(0,1) !w = 7")
         child.expect_exact(PROMPT)
-        child.sendline("c")
+        child.sendline("cast asyncs ranks(0:2) b 32")
+        child.expect(r"\[asyncs 0\] Breakpoint \d+ at \S+dbg_actors\.py:32\s+\[asyncs 1\] Breakpoint \d+ at ")
+        child.expect_exact(PROMPT)
+        child.sendline("c")  # clears the breakpoints everywhere: no rank stops at line 32
         child.expect_exact("result [7, 8]")
         finish(child)
 
