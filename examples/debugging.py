@@ -31,11 +31,11 @@ class Trainer(Actor):
 def main() -> None:
     trainers = this_host().spawn_procs(per_host={"gpus": 2}).spawn("trainers", Trainer)
     losses = trainers.step.call(0.1).get(timeout=3600)
-    print("losses", [round(loss, 3) for loss in losses.values()])
+    print(f"losses {[round(loss, 3) for loss in losses.values()]}")
     try:
         trainers.slice(gpus=1).load.call_one([1, 2, 3]).get(timeout=60)
     except mpimesh.ActorError as error:
-        print("caught:", error.message)
+        print(f"caught: {error.message}")
         mpimesh.debug.pm(error, timeout=3600)
     print("done")
 

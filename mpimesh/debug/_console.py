@@ -217,8 +217,8 @@ class Console:
         session.state = state
         if state == "ended":
             self._remove(session)
-            if session is not self._attached and session.collect is None:
-                self._notice(f"mpimesh: {session.label} resumed")
+            if session is not self._attached and session.collect is None and not session.released:
+                self._notice(f"mpimesh: {session.label} resumed")  # `continue` said so for all already
 
     def _remove(self, session: Session) -> None:
         with self._lock:

@@ -242,7 +242,7 @@ def test_breakpoints_under_mpimesh_run(tmp_path: Path) -> None:
     script = write_script(tmp_path, """
         procs = this_host().spawn_procs(per_host={"ranks": 2})
         steppers = procs.spawn("steppers", Stepper)
-        print("result", list(steppers.work.call(3).get(timeout=600).values()))
+        print(f"result {list(steppers.work.call(3).get(timeout=600).values())}")
     """)
     with terminal([sys.executable, "-m", "mpimesh._launch.cli", "run", "-n", "3", "--oversubscribe",
                    str(script)]) as child:
@@ -283,7 +283,7 @@ def test_pdb_set_trace_in_async_endpoint_spawned(tmp_path: Path) -> None:
     script = write_script(tmp_path, """
         procs = this_host().spawn_procs(per_host={"ranks": 2})
         asyncs = procs.spawn("asyncs", AsyncStepper)
-        print("result", list(asyncs.work.call(1).get(timeout=600).values()))
+        print(f"result {list(asyncs.work.call(1).get(timeout=600).values())}")
     """)
     with terminal([sys.executable, str(script)]) as child:
         expect_each(child, [f"actor 'asyncs' rank {rank} (ranks={rank}) on " for rank in (0, 1)])
@@ -326,17 +326,17 @@ def test_post_mortem_of_an_actor_error(tmp_path: Path) -> None:
         try:
             steppers.slice(ranks=1).fail.call_one(5).get(timeout=60)
         except mpimesh.ActorError as err:
-            print("caught", err.actor_id)
+            print(f"caught {err.actor_id}")
             mpimesh.debug.pm(err, timeout=600)
             steppers.stop().get(timeout=60)
             try:
                 mpimesh.debug.pm(err, timeout=60)
             except ValueError as again:
-                print("again:", again)
+                print(f"again: {again}")
         try:
             mpimesh.debug.pm(RuntimeError("local"))
         except TypeError as wrong:
-            print("wrong:", wrong)
+            print(f"wrong: {wrong}")
         print("done")
     """)
     with terminal([sys.executable, str(script)]) as child:
@@ -373,7 +373,7 @@ def test_paused_rank_is_not_declared_dead(tmp_path: Path) -> None:
         while time.monotonic() - start < 3.0:
             answered += other.ping.call_one().get(timeout=60) == "pong"
         print(f"answered {answered} calls while paused", flush=True)
-        print("result", paused.get(timeout=600))
+        print(f"result {paused.get(timeout=600)}")
     """)
     with terminal([sys.executable, str(script)], MPIMESH_HEARTBEAT_TIMEOUT="1") as child:
         child.expect_exact(PROMPT)
@@ -391,8 +391,8 @@ def test_no_terminal_continues_with_a_notice(tmp_path: Path) -> None:
     script = write_script(tmp_path, """
         procs = this_host().spawn_procs(per_host={"ranks": 2})
         steppers = procs.spawn("steppers", Stepper)
-        print("result", list(steppers.work.call(3).get(timeout=120).values()))
-        print("again", list(steppers.work.call(4).get(timeout=120).values()))
+        print(f"result {list(steppers.work.call(3).get(timeout=120).values())}")
+        print(f"again {list(steppers.work.call(4).get(timeout=120).values())}")
     """)
     done = run([sys.executable, str(script)], timeout=180, env={"PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
@@ -410,7 +410,7 @@ def test_pythonbreakpoint_0_disables_breakpoints(tmp_path: Path) -> None:
     script = write_script(tmp_path, """
         procs = this_host().spawn_procs(per_host={"ranks": 2})
         steppers = procs.spawn("steppers", Stepper)
-        print("result", list(steppers.work.call(3).get(timeout=120).values()))
+        print(f"result {list(steppers.work.call(3).get(timeout=120).values())}")
     """)
     done = run([sys.executable, str(script)], timeout=180, env={"PYTHONPATH": str(ROOT), "PYTHONBREAKPOINT": "0"})
     assert done.returncode == 0, done.stderr
