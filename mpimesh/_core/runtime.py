@@ -41,7 +41,7 @@ from .protocol import NAMES, Frame, Key, Kind, Status
 if TYPE_CHECKING:
     from .._transport.bell import Ringer
 
-__all__ = ["Handler", "Owned", "Role", "Runtime", "extend_sys_path", "on_new"]
+__all__ = ["Handler", "Owned", "Role", "Runtime", "extend_sys_path"]
 
 #: A frame handler: ``handler(src, frame, buffers)``, called by the polling thread.
 Handler = Callable[[Addr, Frame, list[Any]], None]
@@ -83,12 +83,6 @@ class Role(_failures.Role, Protocol):
     def release(self, addrs: list[Addr], reason: str) -> Future[None]:
         """Stop every actor on ``addrs`` and give the processes back."""
         ...
-
-
-#: Run with each new :class:`Runtime`, at the end of its ``__init__``: how
-#: modules above the runtime add handlers of their own (``mpimesh.debug``
-#: registers DEBUG frames and the breakpoint hook).
-on_new: list[Callable[[Runtime], None]] = []
 
 
 class Runtime:
@@ -142,8 +136,6 @@ class Runtime:
             (Kind.BATCH, self.on_batch),
         ):
             self.handle(kind, handler)
-        for setup in on_new:
-            setup(self)
 
     # --- dispatch ---------------------------------------------------------------------------------
 

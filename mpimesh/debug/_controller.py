@@ -17,7 +17,6 @@ from .._core.ports import OneReply
 from ..actor import Actor, endpoint
 from ..errors import ActorError
 from ..proc_mesh import get_or_spawn_controller
-from ._console import Console
 
 __all__ = ["DebugController", "debug_controller", "pm"]
 
@@ -38,6 +37,8 @@ class DebugController(Actor):
     """
 
     def __init__(self) -> None:
+        from ._console import Console  # the controller's process only, when a rank first pauses
+
         self.console = Console()
 
     @endpoint

@@ -1,7 +1,7 @@
 """The actor's side of the debugger: a pdb whose terminal is the controller's.
 
 On every worker, ``sys.breakpointhook`` and ``pdb.set_trace`` are replaced
-(:func:`install`, run with each new runtime): called from an actor's
+(:func:`install`, run as each runtime is installed): called from an actor's
 endpoint, they pause that actor only, in a :class:`RemotePdb` whose stdin and
 stdout are messages to and from the job's debug controller
 (``_controller.DebugController``, a singleton actor in the controller's
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .._core import runtime as _runtime
+from .._core import current as _current
 from .._core.current import current
 from .._core.protocol import CONTROLLER, Frame, Kind, Status
 from ..context import Context, _context_var, context
@@ -334,7 +334,8 @@ def install(rt: Runtime) -> None:
     beside it) is a plain local pdb.
     """
     global _previous_hook
-    rt.handle(Kind.DEBUG, Agent(rt).on_debug)
+    if Kind.DEBUG not in rt.handlers():  # installed once per runtime
+        rt.handle(Kind.DEBUG, Agent(rt).on_debug)
     if rt.addr == CONTROLLER or sys.breakpointhook is _breakpointhook:
         return
     _previous_hook = sys.breakpointhook
@@ -344,4 +345,4 @@ def install(rt: Runtime) -> None:
     pdb.set_trace = _set_trace
 
 
-_runtime.on_new.append(install)
+_current.on_install.append(install)
