@@ -18,12 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from mpitest import ROOT, base_env, leftovers, run
 
 import mpimesh
 from mpimesh import Actor, endpoint
 from mpimesh.debug import parse_ranks
 from mpimesh.debug._commands import Command, parse
-from tests.mpitest import ROOT, base_env, leftovers, run
 
 # --- the command language (pure) ------------------------------------------------------------------
 
