@@ -40,6 +40,28 @@ _LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_PROCID")
 _TICK = 0.05
 
 
+# Launcher processes (as /proc/PID/comm names them) whose stdin rank 0 reads through.
+_LAUNCHERS = frozenset({"prterun", "mpirun", "mpiexec", "orterun", "prted", "mpiexec.hydra", "hydra_pmi_proxy",
+                        "srun", "slurmstepd"})
+
+
+def _launcher_stdin() -> str:
+    """What the nearest launcher among this process's ancestors reads as stdin (``/proc``); ``""`` if unknown."""
+    pid = os.getppid()
+    for _ in range(8):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() in _LAUNCHERS:
+                    return os.readlink(f"/proc/{pid}/fd/0")
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return ""
+        if pid <= 1:
+            return ""
+    return ""
+
+
 class _Interrupted:
     """What a read returns when the condition it watched came true before a line did."""
 
@@ -127,6 +149,12 @@ class Console:
             os.fstat(fd)
         except OSError:
             self.closed = "the controller has no stdin"
+        else:
+            if write is None and any(name in os.environ for name in _LAUNCHED) and _launcher_stdin() == "/dev/null":
+                # A launcher keeps rank 0's stdin open even when its own is
+                # /dev/null (measured: Open MPI 5's prterun): no end of input
+                # would ever come, so this is known to be no terminal now.
+                self.closed = "the launcher's stdin is /dev/null"
 
     # --- from the debug controller's actor thread --------------------------------------------------
 

@@ -420,9 +420,19 @@ def test_pythonbreakpoint_0_disables_breakpoints(tmp_path: Path) -> None:
 
 @pytest.mark.subprocess
 @pytest.mark.timeout(300)
-def test_example_runs_without_a_terminal() -> None:
-    """``examples/debugging.py`` runs to its end in a batch job: its breakpoint and post-mortem are skipped."""
-    done = run([sys.executable, str(ROOT / "examples" / "debugging.py")], timeout=180, env={"PYTHONPATH": str(ROOT)})
+@pytest.mark.parametrize("launch", ["spawned", "mpimesh run"])
+def test_example_runs_without_a_terminal(launch: str) -> None:
+    """``examples/debugging.py`` runs to its end with stdin at /dev/null: its breakpoints and post-mortem are skipped.
+
+    Under a launcher rank 0's stdin never ends (prterun keeps it open), so the
+    launcher's own stdin is what says there is no terminal.
+    """
+    example = str(ROOT / "examples" / "debugging.py")
+    cmd = ([sys.executable, example] if launch == "spawned"
+           else [sys.executable, "-m", "mpimesh._launch.cli", "run", "-n", "3", "--oversubscribe", example])
+    done = run(cmd, timeout=180, env={"PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert "losses [0.45, 0.3]" in done.stdout and "\ndone\n" in done.stdout
-    assert "post-mortem at debugging.py:28 in load() of actor 'trainers' rank 1 skipped" in done.stdout + done.stderr
+    why = "the controller's stdin is closed" if launch == "spawned" else "the launcher's stdin is /dev/null"
+    notice = f"post-mortem at debugging.py:28 in load() of actor 'trainers' rank 1 skipped: {why}"
+    assert notice in done.stdout + done.stderr  # a worker's stderr, forwarded
