@@ -6,6 +6,7 @@ Launch with ``mpirun -n N python -m mpimesh script.py``, or run
 ``MPI_Comm_spawn``.  The API follows Monarch's ``monarch.actor``.
 """
 
+from . import debug as debug
 from ._version import __version__ as __version__
 from .actor import Actor as Actor
 from .actor import concurrent_endpoint as concurrent_endpoint
@@ -24,6 +25,7 @@ from .context import context as context
 from .context import current_actor_name as current_actor_name
 from .context import current_rank as current_rank
 from .context import current_size as current_size
+from .debug import debug_controller as debug_controller
 from .errors import ActorError as ActorError
 from .errors import MeshInternalError as MeshInternalError
 from .errors import RemoteException as RemoteException
@@ -92,6 +94,7 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "debug_controller",
     "distribute",
     "enable_transport",
     "endpoint",

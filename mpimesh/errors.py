@@ -67,6 +67,9 @@ class ActorError(Exception):
         host: the host name of the failing process.
         causes: ``Type: message`` of the exceptions it was raised from
             (``raise ... from``) or while handling, innermost last.
+        actor_id: the failing actor's id (``name[rank]@island.rank``), which
+            ``mpimesh.debug.pm`` uses to find its traceback; ``""`` when the
+            error did not come from an actor's endpoint.
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class ActorError(Exception):
         coords: dict[str, int] | None = None,
         host: str = "",
         causes: tuple[str, ...] = (),
+        actor_id: str = "",
     ) -> None:
         super().__init__(exception, exception_formatted, header)
         self.exception = exception
@@ -88,6 +92,7 @@ class ActorError(Exception):
         self.coords = dict(coords or {})
         self.host = host
         self.causes = tuple(causes)
+        self.actor_id = actor_id
         self.__cause__ = exception
 
     @property
@@ -102,15 +107,17 @@ class ActorError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_actor_error,
-            (self.exception, self.exception_formatted, self.header, self.rank, self.coords, self.host, self.causes),
+            (self.exception, self.exception_formatted, self.header, self.rank, self.coords, self.host, self.causes,
+             self.actor_id),
         )
 
 
 def _rebuild_actor_error(
     exception: BaseException, formatted: str, header: str, rank: int, coords: dict[str, int], host: str,
-    causes: tuple[str, ...] = (),
+    causes: tuple[str, ...] = (), actor_id: str = "",
 ) -> ActorError:
-    return ActorError(exception, formatted, header, rank=rank, coords=coords, host=host, causes=causes)
+    return ActorError(exception, formatted, header, rank=rank, coords=coords, host=host, causes=causes,
+                      actor_id=actor_id)
 
 
 class RemoteTensorError(Exception):

@@ -190,6 +190,9 @@ class _Actor:
         # where `initialized` waits (see ActorHost.on_spawn)
         self.init_port: PortRef | None = None
         self.failure: str | None = None
+        #: the exception of the last call that failed, its traceback kept for
+        #: ``mpimesh.debug.pm`` (one per actor, dropped when the actor stops)
+        self.last_error: BaseException | None = None
         self.stop_reason: str | None = None
         self.mailbox: deque[_Item] = deque()
         self.cond = threading.Condition()
@@ -679,6 +682,7 @@ class _Actor:
     def _failed_call(
         self, exc: BaseException, port: PortRef | None, index: int, method: str, failed_port: PortRef | None = None,
     ) -> None:
+        self.last_error = exc
         if port is not None and isinstance(exc, Exception):
             self._error(port, index, exc)
             return
@@ -696,7 +700,8 @@ class _Actor:
     def _error(self, port: PortRef | None, index: int, exc: BaseException) -> None:
         if port is None:
             return
-        payload = _serialize.error_payload(exc, self.header, self.point.rank, dict(self.point), self.runtime.host)
+        payload = _serialize.error_payload(exc, self.header, self.point.rank, dict(self.point), self.runtime.host,
+                                           self.actor_id)
         self.runtime.reply(port, index, Status.ERROR, payload)
 
     def _gone(self, method: str, point: RawPoint | None, cause: str) -> str:
@@ -736,6 +741,7 @@ class _Actor:
         # Let go of the user's object now (its __del__ runs, as when a
         # Monarch actor stops), not when the cycle through `identity` is collected.
         self.instance = None
+        self.last_error = None
         self._bound.clear()
         for site in list(self.host.sites.values()):
             if site.key == self.key:

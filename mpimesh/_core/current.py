@@ -14,6 +14,7 @@ parts get the runtime passed to them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import future
@@ -21,10 +22,14 @@ from .. import future
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-__all__ = ["current", "install", "runtime"]
+__all__ = ["current", "install", "on_install", "runtime"]
 
 #: This process's runtime, once booted (see :func:`install`).
 runtime: Runtime | None = None
+#: Run by :func:`install` with the new runtime: how modules above the runtime
+#: add handlers of their own (``mpimesh.debug`` registers DEBUG frames and the
+#: workers' breakpoint hook).
+on_install: list[Callable[[Runtime], None]] = []
 
 
 def current() -> Runtime:
@@ -47,3 +52,5 @@ def install(rt: Runtime) -> None:
     global runtime
     runtime = rt
     future._driver = rt.progress.wait
+    for setup in on_install:
+        setup(rt)

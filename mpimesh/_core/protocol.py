@@ -26,8 +26,8 @@ PortRef = tuple[Addr, int]
 
 __all__ = [
     "CONTROLLER", "Frame", "Key", "KINDS", "Kind", "NAMES", "PortRef", "Spec", "Status", "TAG_DATA", "TAG_FRAME",
-    "batch", "bye", "call", "dead", "describe", "fault", "forward", "hello", "init", "log", "ping", "procs", "reply",
-    "shutdown", "site_call", "spawn", "stop",
+    "batch", "bye", "call", "dead", "debug", "describe", "fault", "forward", "hello", "init", "log", "ping", "procs",
+    "reply", "shutdown", "site_call", "spawn", "stop",
 ]
 
 
@@ -50,6 +50,7 @@ class Kind:
     LOG: Final = 14
     BATCH: Final = BATCH
     SITE_CALL: Final = 16
+    DEBUG: Final = 17
 
 
 class Status:
@@ -80,7 +81,7 @@ class Spec(NamedTuple):
 
 _INIT, _HELLO, _SPAWN, _CALL, _REPLY, _STOP = Kind.INIT, Kind.HELLO, Kind.SPAWN, Kind.CALL, Kind.REPLY, Kind.STOP
 _SHUTDOWN, _BYE, _PROCS, _FAULT, _DEAD, _LOG = Kind.SHUTDOWN, Kind.BYE, Kind.PROCS, Kind.FAULT, Kind.DEAD, Kind.LOG
-_SITE_CALL = Kind.SITE_CALL
+_SITE_CALL, _DEBUG = Kind.SITE_CALL, Kind.DEBUG
 
 KINDS: dict[int, Spec] = {}
 
@@ -246,6 +247,14 @@ def site_call(site: int, port_id: int, args: tuple[Any, ...]) -> Frame:
     overtake it (MPI keeps per-pair order).
     """
     return (_SITE_CALL, None, site, port_id, args)
+
+
+_declare(_DEBUG, "DEBUG", "op arg", "debug._worker.Agent.on_debug")
+
+
+def debug(op: str, arg: Any) -> Frame:
+    """Any -> any: a request of the debugger (``mpimesh.debug``), e.g. ``"pm"`` ``(actor id, reply port)``."""
+    return (_DEBUG, None, op, arg)
 
 
 #: kind -> its name, for messages.

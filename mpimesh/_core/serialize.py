@@ -139,10 +139,14 @@ class ErrorPayload:
     host: str
     #: ``Type: message`` of each exception it was raised from or during, innermost last
     causes: tuple[str, ...] = ()
+    #: the failing actor's id (``name[rank]@island.rank``), for ``mpimesh.debug.pm``
+    actor_id: str = ""
 
 
-def error_payload(exc: BaseException, header: str, rank: int, coords: dict[str, int], host: str) -> ErrorPayload:
-    """Capture ``exc`` (with its traceback) for the caller."""
+def error_payload(
+    exc: BaseException, header: str, rank: int, coords: dict[str, int], host: str, actor_id: str = ""
+) -> ErrorPayload:
+    """Capture ``exc`` (with its traceback) for the caller; ``actor_id`` names the failing actor, if any."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     data: bytes | None
     try:
@@ -152,7 +156,7 @@ def error_payload(exc: BaseException, header: str, rank: int, coords: dict[str, 
         data = None
     kind = type(exc)
     return ErrorPayload(data, f"{kind.__module__}.{kind.__qualname__}", str(exc), tb, header, rank, coords, host,
-                        _causes(exc))
+                        _causes(exc), actor_id)
 
 
 def _causes(exc: BaseException) -> tuple[str, ...]:
@@ -182,5 +186,5 @@ def raise_payload(payload: ErrorPayload) -> ActorError:
     exc.__cause__ = RemoteTraceback(f"\n{payload.header}\n{payload.traceback}")
     return ActorError(
         exc, payload.traceback, payload.header, rank=payload.rank, coords=payload.coords, host=payload.host,
-        causes=payload.causes,
+        causes=payload.causes, actor_id=payload.actor_id,
     )

@@ -5,7 +5,7 @@ Every ``import`` statement counts: module level, inside functions, and under
 to bottom:
 
 - ``__main__``: dispatches to the launcher, a worker or the controller;
-- public mesh modules (``actor actor_mesh proc_mesh channel rma``): validate,
+- public mesh modules (``actor actor_mesh proc_mesh channel rma``, the ``debug`` package): validate,
   pickle, and hand requests to ``_core``; they never say MPI;
 - ``_roles``: what differs between the controller and the workers;
 - ``_core``: one process's runtime, the same on every rank;
@@ -36,7 +36,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "mpimesh"
 
 LEAVES = {"shape", "value_mesh", "future", "errors", "context", "supervision", "config", "_version", "transport_names"}
-PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma"}
+PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma", "debug"}
 TOOLS = {"spmd"}
 
 #: layer -> the layers it may import (besides itself)
