@@ -6,7 +6,10 @@ Run (4 pool workers; the baselines run on the same processes in the same job)::
 
 * T1: ``a = a + 1`` on 16-element tensors inside ``procs.activate()``,
   ``--ops`` times, timed on the controller without waiting (then one fetch
-  checks the value, untimed).  No baseline: the target is absolute.
+  checks the value, untimed).  Baseline: the same loop through a
+  ``torch.Tensor`` wrapper subclass whose ``__torch_dispatch__`` does
+  nothing but return a new wrapper (torch's own cost per operation for
+  any design that intercepts below autograd), in the same process.
 * T2: ``t.reduce("gpus", "sum")`` (new result) and ``t.reduce_("gpus", "sum")``
   (in place) of 64 MiB float32 on 4 processes, each timed on the controller
   from issue to a 4-byte fetch of a result element.  Baseline: raw
@@ -64,6 +67,26 @@ def raw_send(t: torch.Tensor, reps: int) -> torch.Tensor:
     return torch.zeros(())
 
 
+class _Floor(torch.Tensor):
+    """A wrapper subclass whose dispatch does nothing: torch's own per-operation cost."""
+
+    @staticmethod
+    def __new__(cls) -> _Floor:
+        return torch.Tensor._make_wrapper_subclass(cls, (16,), dtype=torch.float32, device="cpu")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return _Floor()
+
+
+def floor_rate(ops: int) -> float:
+    a = _Floor()
+    t0 = time.perf_counter()
+    for _ in range(ops):
+        a = a + 1
+    return ops / (time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=20_000)
@@ -75,7 +98,7 @@ def main() -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 4})
     world_ranks = [a[1] for a in procs._addrs]
     pool = all(a[0] == 0 for a in procs._addrs)
-    rates, ours, ours_inplace, base, fetched, sent = [], [], [], [], [], []
+    floors, rates, ours, ours_inplace, base, fetched, sent = [], [], [], [], [], []
     with procs.activate():
         big = torch.ones(N64)
     for _ in range(args.repeats):
@@ -87,6 +110,7 @@ def main() -> None:
                 a = a + 1
             rates.append(args.ops / (time.perf_counter() - t0))
         assert mpimesh.inspect(a, gpus=3)[0].item() == args.ops
+        floors.append(floor_rate(args.ops))
         # T2
         with procs.activate():
             warm = big.reduce("gpus", "sum")
@@ -140,6 +164,9 @@ def main() -> None:
         "processes": "launch pool" if pool else "spawned",
         "t1_ops_per_s": round(median(rates)),
         "t1_target": 50_000,
+        "t1_baseline": "the same loop through a do-nothing __torch_dispatch__ wrapper subclass, same process",
+        "t1_baseline_ops_per_s": round(median(floors)),
+        "t1_ratio": r(median(rates) / median(floors)),
         "t2_reduce_ms": r(median(ours)),
         "t2_reduce_inplace_ms": r(median(ours_inplace)),
         "t2_baseline": "raw Allreduce of the same memory on a communicator of the same 4 processes, same job"
