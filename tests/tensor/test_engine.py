@@ -175,6 +175,14 @@ def test_tensors_of_two_meshes_do_not_mix(procs: Any, grid: Any) -> None:
         a = torch.ones(2)
     with grid.activate():
         b = torch.ones(2)
+    with pytest.raises(ValueError, match=r"^tensor engine: cannot reduce a tensor of ProcMesh\(gpus=2\) over "
+                       r"ProcMesh\(dp=2, tp=2\); use its own mesh$"):
+        a.reduce("gpus", mesh=grid)
+    with grid.activate():
+        with pytest.raises(ValueError, match=r"^tensor engine: aten\.mul\.Tensor on a tensor of ProcMesh\(gpus=2\) "
+                           r"inside ProcMesh\(dp=2, tp=2\)\.activate\(\); activate the tensor's own mesh, or leave "
+                           r"the active one$"):
+            a * 2
     with pytest.raises(ValueError, match=r"^tensor engine: aten\.add\.Tensor mixes tensors of ProcMesh\(gpus=2\) and "
                        r"ProcMesh\(dp=2, tp=2\); every tensor of one operation must live on the same mesh "
                        r"\(or slice\)$"):
