@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from mpitest import spawning
 
 import mpimesh
 from mpimesh import Replicate, Shard, this_host
@@ -23,8 +24,9 @@ pytestmark = pytest.mark.mesh
 
 @pytest.fixture(scope="module")
 def grid() -> Iterator[Any]:
-    """Four processes as ``dp=2, tp=2``."""
-    mesh = this_host().spawn_procs(per_host={"dp": 2, "tp": 2})
+    """Four processes as ``dp=2, tp=2`` (across hosts: tests/hosts/test_hosts_tensor.py)."""
+    with spawning():
+        mesh = this_host().spawn_procs(per_host={"dp": 2, "tp": 2})
     yield mesh
     mesh.stop().get(60)
 
