@@ -265,6 +265,17 @@ def _build(spec: Any, inputs: list[Any], procs: ProcMesh, client: MeshClient, de
     return tuple(_build(s, inputs, procs, client, device, out_ids) for s in spec[1])
 
 
+_MAKES_TENSORS: dict[Any, bool] = {}
+
+
+def _makes_tensors(func: Any) -> bool:
+    """Whether the operator returns tensors (a factory, inside ``activate()``)."""
+    known = _MAKES_TENSORS.get(func)
+    if known is None:
+        known = _MAKES_TENSORS[func] = any("Tensor" in str(r.type) for r in func._schema.returns)
+    return known
+
+
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: ProcMesh | None) -> Any:
     """Run ``func`` on mesh tensors: compute the result's metadata here, queue the operation for the mesh."""
     simple = not any(type(a) in _CONTAINERS for a in args) and not any(
@@ -275,7 +286,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
         name = _NAMES[func] = func.name()  # "aten::add.Tensor"
     procs = _mesh_of(leaves, func)
     if procs is None:
-        if active is None:
+        if active is None or not _makes_tensors(func):
+            # no mesh tensor in, no tensor out (e.g. the profiler's record_function): a local call
             return func(*args, **kwargs)
         procs = active
     elif active is not None and (active._key, active._shape) != (procs._key, procs._shape):

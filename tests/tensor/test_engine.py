@@ -329,6 +329,22 @@ def test_data_parallel_training_matches_one_process(procs: Any) -> None:
     assert torch.allclose(mpimesh.inspect(w2, gpus=1), local[2].weight.detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_adam_steps_mesh_parameters_like_local_ones(procs: Any) -> None:
+    """An optimizer with scalar state (Adam) steps mesh parameters outside activate(), as it steps local ones."""
+    w0 = torch.randn(3, 4)
+    w = mpimesh.distribute(w0.clone(), procs, [Replicate()]).requires_grad_()
+    local = w0.clone().requires_grad_()
+    opt, ref = torch.optim.Adam([w], lr=0.1), torch.optim.Adam([local], lr=0.1)
+    for _ in range(3):
+        (w**2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        (local**2).sum().backward()
+        ref.step()
+        ref.zero_grad()
+    assert torch.allclose(mpimesh.inspect(w, gpus=1), local.detach(), atol=1e-6)
+
+
 # --- memory ----------------------------------------------------------------------------------
 
 
