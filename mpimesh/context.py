@@ -17,6 +17,14 @@ __all__ = ["Context", "Instance", "context", "current_rank", "current_size", "cu
 _this_proc: Callable[[], Any] | None = None
 
 
+def _install_this_proc(fn: Callable[[], Any]) -> None:
+    # A function, not an attribute set from outside: ``from . import context``
+    # in a sibling may give the package's ``context`` function, which has the
+    # module's name, instead of this module (it did, depending on import order).
+    global _this_proc
+    _this_proc = fn
+
+
 @dataclass
 class Instance:
     """The actor whose code is running.

@@ -11,12 +11,12 @@ from concurrent.futures import Future as _StdFuture
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, cast
 
-from . import context as _context
 from ._core import calls as _calls
 from ._core import named as _named
 from ._core import serialize as _serialize
 from .actor import Actor, endpoint_table
 from .actor_mesh import ActorMesh
+from .context import _install_this_proc
 from .future import Future
 from .shape import MeshTrait, Shape
 
@@ -402,5 +402,5 @@ def _spawn_here(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 # context.Instance.proc gives this (context, a value leaf, imports no mesh module).
-_context._this_proc = this_proc
+_install_this_proc(this_proc)
 _named.spawn_here = _spawn_here

@@ -154,6 +154,12 @@ class Progress:
         self.background_polls = 0
         self._deep_sleep = max(self._max_sleep, settings.deep_sleep_us * 1e-6)
         self._count_lock = threading.Lock()
+        #: Whether the main thread may poll (receive and dispatch) itself.  An
+        #: interactive controller (a notebook) says no: an interrupt landing
+        #: in the main thread between a receive and its dispatch lost that
+        #: message (a reply never came; seen in CI), so there the main thread
+        #: only waits and the background waiter receives.
+        self.main_thread_polls = True
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -204,9 +210,13 @@ class Progress:
         token = self._token
         poll = self._poll
         mine = object()  # this wait's entry in _leaders
-        leading = True
+        leading = self.main_thread_polls or threading.current_thread() is not threading.main_thread()
         try:
-            self._leaders.append(mine)
+            if leading:
+                self._leaders.append(mine)
+            else:  # a reply is awaited: the background waiter leaves its deep naps
+                self._background_backoff.reset()
+                self._wake_background()
             while True:
                 if done():
                     return True
@@ -219,7 +229,7 @@ class Progress:
                     self._step_back(now, mine)
                 elif not leading and not self._background:
                     # Nobody polls in the background (a worker still booting,
-                    # a controller shutting down): lead again.
+                    # a controller shutting down): lead (again), interruptible or not.
                     leading = True
                     last_traffic = now
                     self._leaders.append(mine)

@@ -32,7 +32,7 @@ from .._transport.mpi import MPI
 from ..config import settings
 from ..errors import MeshInternalError
 from .controller import Controller
-from .interactive import before_kernel_shutdown
+from .interactive import before_kernel_shutdown, interactive_session
 from .liveness import start_last_words
 from .worker import Worker, run
 
@@ -71,6 +71,8 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controll
         atexit.register(controller.shutdown_at_exit)
         # In a Jupyter kernel, stop the workers before ipykernel signals its children (README, "Notebooks").
         before_kernel_shutdown(lambda: controller.shutdown(0))
+        if interactive_session():
+            rt.progress.main_thread_polls = False  # an interrupt must not land between a receive and its dispatch
     return controller
 
 
