@@ -98,7 +98,7 @@ def main() -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 4})
     world_ranks = [a[1] for a in procs._addrs]
     pool = all(a[0] == 0 for a in procs._addrs)
-    floors, rates, ours, ours_inplace, base, fetched, sent = [], [], [], [], [], []
+    floors, rates, ours, ours_inplace, base, fetched, sent = [], [], [], [], [], [], []
     with procs.activate():
         big = torch.ones(N64)
     for _ in range(args.repeats):
