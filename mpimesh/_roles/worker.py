@@ -313,6 +313,13 @@ class Worker(BaseRole):
             watchdog.cancel()
 
 
+#: Seconds a worker may wait in MPI_Finalize.  Finalize is collective: it
+#: returns when the slowest process of the job reaches it, and the controller
+#: gets there only after its own interpreter teardown (3-9 s with torch loaded
+#: on a loaded 2-core machine).  8 s ended a worker with status 1 after a clean
+#: run (tests/launch/test_pip_install.py, 1 CI rehearsal in 4).
+FINALIZE_BOUND = 30.0
+
 #: Seconds a worker's interpreter may take to exit once MPI_Finalize returned.
 EXIT_AFTER_FINALIZE = 30.0
 
@@ -329,21 +336,24 @@ def finish(code: int, dead: bool) -> int:
     mpich = not library().startswith("Open MPI")
     # MPI_Finalize can spin forever once a process of the job has died
     # (Open MPI's ULFM): skip it then, and bound it always.  mpi4py's
-    # Finalize holds the GIL, so a Python timer cannot run while it spins:
-    # faulthandler's watchdog, a C thread, ends the process (status 1) if
-    # the timer could not.
-    watchdog = threading.Timer(5.0, os._exit, args=(code,))
-    watchdog.daemon = True
-    watchdog.start()
-    faulthandler.dump_traceback_later(8.0, exit=True)
+    # Finalize holds the GIL (measured: no Python thread runs while it
+    # waits), so only faulthandler's watchdog, a C thread, can end a process
+    # stuck there (status 1).  It must outlast the slowest peer's way to
+    # Finalize, which is no hang (FINALIZE_BOUND).
     if dead and not mpich:
         os._exit(code)
+    faulthandler.dump_traceback_later(FINALIZE_BOUND, exit=True)
     MPI.Finalize()
     # MPI_Finalize, the call known to spin, is done: what is left is the
     # interpreter's own exit, which with torch loaded takes 3-9 s on a loaded
     # 2-core machine (module teardown); 8 s ended such workers with status 1
     # after a clean run (examples/ddp_in_actors.py: 10 runs in 22).
     faulthandler.dump_traceback_later(EXIT_AFTER_FINALIZE, exit=True)
+    # A teardown that keeps the GIL free but lingers (a non-daemon thread)
+    # ends with the job's status, not faulthandler's 1.
+    watchdog = threading.Timer(5.0, os._exit, args=(code,))
+    watchdog.daemon = True
+    watchdog.start()
     # Leave through the interpreter's exit, as a plain Python program does:
     # module globals are finalized (their __del__ run, as Monarch's do when
     # a process mesh stops) and atexit handlers run.  MPICH's Hydra also
