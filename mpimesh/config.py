@@ -75,6 +75,11 @@ class Config:
             ``auto`` (once under Open MPI, whose 5.0 series fails or hangs
             a later spawn across nodes, open-mpi/ompi#12601; always under
             other MPIs) or ``always``.
+        cast_fanout: Most messages a cast leaves a process as: a call to a
+            view of many actors goes down a tree of this fan-out
+            (``MPIMESH_CAST_FANOUT``; see ``_core.multicast``).
+        cast_tree_min: Casts to at least this many actors go down a tree;
+            smaller ones are one message per actor (``MPIMESH_CAST_TREE_MIN``).
     """
 
     spin_us: float = 2000.0
@@ -95,6 +100,8 @@ class Config:
     pmix_exit_status: bool = False
     wire: str = "auto"
     spawns_across_hosts: str = "auto"
+    cast_fanout: int = 8
+    cast_tree_min: int = 16
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -146,6 +153,8 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         pmix_exit_status=(_get(env, "MPIMESH_PMIX_EXIT_STATUS") or "0") not in ("", "0", "false", "no"),
         wire=_choice(env, "MPIMESH_WIRE", ("auto", "native", "mpi4py")),
         spawns_across_hosts=_choice(env, "MPIMESH_SPAWNS_ACROSS_HOSTS", ("auto", "always")),
+        cast_fanout=int(_number(env, "MPIMESH_CAST_FANOUT", Config.cast_fanout, minimum=1.0)),
+        cast_tree_min=int(_number(env, "MPIMESH_CAST_TREE_MIN", Config.cast_tree_min, minimum=2.0)),
     )
 
 

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..config import settings
 from ..context import context
 from ..errors import SupervisionError
 from ..future import Future
@@ -88,6 +89,8 @@ def _post(rt: Runtime, addr: Addr, frame: Frame, buffers: list[Any], waiting: Re
         report = dead[addr]
     else:
         try:
+            if rt.multicast.sent:
+                frame = rt.multicast.wrap(addr, frame)
             rt.router.send(addr, frame, buffers)
             return None
         except ConnectionError as exc:
@@ -249,6 +252,17 @@ class MeshRef:
             port = (rt.addr, pid)
         sizes = _sizes(buffers)
         key = self.key
+        if len(addrs) >= settings.cast_tree_min:
+            # down a tree (see multicast): at most MPIMESH_CAST_FANOUT messages leave here
+            shape = self.shape
+            failed = rt.multicast.cast(key, method, payload, sizes, buffers, port, chosen, addrs, shape.labels,
+                                       shape.sizes, waiting)
+            for addr, why in failed:
+                if waiting is None:
+                    raise SupervisionError(f"cannot {verb} {what}(): {why}", endpoint=method)
+                if waiting.fail(addr, why):
+                    rt.ports.close(pid)
+            return
         points = self._points
         for rank, addr in zip(chosen, addrs, strict=True):
             report = _post(rt, addr, protocol.call(sizes, key, method, payload, port, points[rank]), buffers, waiting,

@@ -32,6 +32,7 @@ from .protocol import CONTROLLER, Frame, Key
 if TYPE_CHECKING:
     from .._transport.bell import Ringer
     from ..shape import Shape
+    from .multicast import Multicast
     from .ports import PortTable
 
 __all__ = ["Failures", "Owned", "Owner", "Role"]
@@ -120,6 +121,9 @@ class Process(Protocol):
     @property
     def ringer(self) -> Ringer | None: ...
 
+    @property
+    def multicast(self) -> Multicast: ...
+
     def send(self, dest: Addr, frame: Frame) -> None: ...
 
 
@@ -186,6 +190,7 @@ class Failures:
         if addr == CONTROLLER:
             return
         self._process.ports.fail_source(addr, report)
+        self._process.multicast.dead(addr)
         for owned in list(self.owned.values()):
             ranks = [r for r, a in enumerate(owned.addrs) if a == addr]
             if ranks:

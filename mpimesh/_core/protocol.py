@@ -26,8 +26,8 @@ PortRef = tuple[Addr, int]
 
 __all__ = [
     "CONTROLLER", "Frame", "Key", "KINDS", "Kind", "NAMES", "PortRef", "Spec", "Status", "TAG_DATA", "TAG_FRAME",
-    "batch", "bye", "call", "dead", "debug", "describe", "fault", "forward", "hello", "init", "log", "ping", "procs",
-    "reply", "shutdown", "site_call", "spawn", "stop",
+    "batch", "bye", "call", "cast", "dead", "debug", "describe", "fault", "forward", "hello", "init", "log", "ping",
+    "procs", "reply", "seq", "shutdown", "site_call", "spawn", "stop",
 ]
 
 
@@ -51,6 +51,8 @@ class Kind:
     BATCH: Final = BATCH
     SITE_CALL: Final = 16
     DEBUG: Final = 17
+    CAST: Final = 18
+    SEQ: Final = 19
 
 
 class Status:
@@ -81,7 +83,7 @@ class Spec(NamedTuple):
 
 _INIT, _HELLO, _SPAWN, _CALL, _REPLY, _STOP = Kind.INIT, Kind.HELLO, Kind.SPAWN, Kind.CALL, Kind.REPLY, Kind.STOP
 _SHUTDOWN, _BYE, _PROCS, _FAULT, _DEAD, _LOG = Kind.SHUTDOWN, Kind.BYE, Kind.PROCS, Kind.FAULT, Kind.DEAD, Kind.LOG
-_SITE_CALL, _DEBUG = Kind.SITE_CALL, Kind.DEBUG
+_SITE_CALL, _DEBUG, _CAST, _SEQ = Kind.SITE_CALL, Kind.DEBUG, Kind.CAST, Kind.SEQ
 
 KINDS: dict[int, Spec] = {}
 
@@ -255,6 +257,35 @@ _declare(_DEBUG, "DEBUG", "op arg", "debug._worker.Agent.on_debug")
 def debug(op: str, arg: Any) -> Frame:
     """Any -> any: a request of the debugger (``mpimesh.debug``), e.g. ``"pm"`` ``(actor id, reply port)``."""
     return (_DEBUG, None, op, arg)
+
+
+_declare(_CAST, "CAST", "sender key method args reply_port labels extent fanout entries",
+         "_core.multicast.Multicast.on_cast")
+
+
+def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, args: Any, reply_port: PortRef | None,
+         labels: tuple[str, ...], extent: tuple[int, ...], fanout: int, entries: tuple[Any, ...]) -> Frame:
+    """Any -> actors down a tree: one CALL for each of ``entries``, ``(rank, address, sequence)``.
+
+    The first entry is the receiver's own; it forwards the others, split in
+    at most ``fanout`` parts (see ``_core.multicast``).  ``labels`` and
+    ``extent`` are the addressed view's, so each entry's message point is
+    ``(rank, labels, extent)``.  ``entries`` comes last: a forwarder replaces it.
+    """
+    return (_CAST, bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, entries)
+
+
+_declare(_SEQ, "SEQ", "sender sequence inner", "_core.multicast.Multicast.on_seq")
+
+
+def seq(bufsizes: tuple[int, ...] | None, sender: Addr, sequence: int, inner: Frame | None) -> Frame:
+    """Any -> any: ``inner``, number ``sequence`` of the actor messages from ``sender`` to here.
+
+    Sent once the receiver got a cast from ``sender`` through a tree, so that
+    messages on both paths are delivered in the order sent.  ``inner`` is
+    ``None`` for a number skipped (a broadcast lost with its relay).
+    """
+    return (_SEQ, bufsizes, sender, sequence, inner)
 
 
 #: kind -> its name, for messages.

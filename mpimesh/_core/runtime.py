@@ -34,6 +34,7 @@ from .actors import ActorHost
 from .failures import Failures
 from .failures import Owned as Owned
 from .logs import debug, warn
+from .multicast import Multicast
 from .ports import PortTable
 from .progress import Progress, Waitable
 from .protocol import NAMES, Frame, Key, Kind, Status
@@ -107,6 +108,9 @@ class Runtime:
         self.ports = PortTable()
         self.actors = ActorHost(self)
         self.failures = Failures(self)
+        self.multicast = Multicast(self)
+        #: the dispatch table itself (kind -> handler), for frames delivered late (``multicast``)
+        self.dispatch = self._handlers
         # The failures' own tables, read on every reply and call: no property in between.
         self.dead: dict[Addr, str] = self.failures.dead
         self.owned: dict[Key, Owned] = self.failures.owned
@@ -134,6 +138,8 @@ class Runtime:
             (Kind.FAULT, self.failures.on_fault),
             (Kind.DEAD, self.failures.on_dead),
             (Kind.BATCH, self.on_batch),
+            (Kind.CAST, self.multicast.on_cast),
+            (Kind.SEQ, self.multicast.on_seq),
         ):
             self.handle(kind, handler)
 

@@ -1,0 +1,333 @@
+"""Casts down a tree: a call to N actors leaves the caller as at most k messages.
+
+A cast to a view of ``N >= MPIMESH_CAST_TREE_MIN`` actors is one ``CAST``
+frame per child of the caller, not N ``CALL`` frames.  A ``CAST`` carries the
+call once and the list of the ``(rank, address, sequence)`` entries of its
+subtree; the first entry is the receiver's own.  The receiver forwards the
+rest, split into at most ``MPIMESH_CAST_FANOUT`` contiguous parts, each to
+its first entry, then hands its own call to its actor.  A subtree stays in one
+island (processes of one ``MPI_Comm_spawn``, or the launch world): a process
+forwards only to processes it reaches directly.  Replies go straight to the
+caller's port, as for a direct call.
+
+Order.  Messages from one process to another keep the order they were sent
+in, whatever path they take.  Once a process has cast to a destination
+through a tree, every actor message it sends there (casts, calls, stops)
+carries a per-pair sequence number: a cast's in its entry, a direct frame in
+a ``SEQ`` envelope.  The destination delivers them in sequence order and
+holds any that arrive early.  A message sent straight to a destination before
+the first cast that reached it through a tree carries no number: it left the
+sender before the cast did, so it arrives first unless the direct link stalls
+for longer than the cast's two hops.
+
+Faults.  A forwarder that finds a child dead skips it and forwards the
+child's part itself.  A forwarder that dies holding a cast is found by the
+caller when the controller's ``DEAD`` notice arrives: the caller sends its
+logged casts again to the dead forwarder's subtree (receivers drop what they
+already delivered, by sequence number).  A call's cast stays logged until all
+its replies are in; a broadcast's for ``_RETAIN`` seconds, its buffers only
+while the log holds less than ``_RETAIN_BYTES``: one resent without its
+buffers is lost for that subtree, which the caller reports, and its sequence
+numbers are skipped so that later messages still arrive.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..config import settings
+from . import protocol
+from .logs import warn
+from .protocol import Frame, Key, PortRef
+
+if TYPE_CHECKING:
+    from .ports import Receiver
+    from .runtime import Runtime
+
+__all__ = ["Entry", "Multicast", "split", "plan"]
+
+Addr = tuple[int, int]
+#: One destination of a cast: its rank in the view, its address, its sequence number from the caller.
+Entry = tuple[int, Addr, int]
+
+#: Seconds a broadcast's cast stays logged for a resend: more than it takes to
+#: declare a forwarder dead that hung or died holding it (heartbeats).
+_RETAIN = 2 * settings.heartbeat_timeout + 5.0
+#: Bytes of broadcast buffers the log keeps; older broadcasts keep only their tree.
+_RETAIN_BYTES = 1 << 30
+
+
+def split(entries: Sequence[Entry], parts: int) -> list[Sequence[Entry]]:
+    """``entries`` in at most ``parts`` contiguous, nearly equal parts (none empty)."""
+    n = len(entries)
+    parts = max(1, min(parts, n))
+    size, extra = divmod(n, parts)
+    out = []
+    start = 0
+    for i in range(parts):
+        stop = start + size + (i < extra)
+        out.append(entries[start:stop])
+        start = stop
+    return out
+
+
+def plan(entries: Sequence[Entry], fanout: int) -> list[Sequence[Entry]]:
+    """The subtrees a caller sends to: each in one island, at most ``fanout`` of them per island group.
+
+    Every island gets at least one subtree, so a cast that spans more than
+    ``fanout`` islands leaves the caller as one message per island.
+    """
+    groups: dict[int, list[Entry]] = {}
+    for entry in entries:
+        groups.setdefault(entry[1][0], []).append(entry)
+    share = max(1, fanout // len(groups))
+    return [part for group in groups.values() for part in split(group, share)]
+
+
+class _Logged(NamedTuple):
+    """A cast as its caller sent it, kept to resend it around a dead forwarder."""
+
+    frame: Frame
+    buffers: list[Any]
+    nbytes: int
+    #: its destinations
+    addrs: frozenset[Addr]
+    #: the subtrees the caller sent (their first entries are its children)
+    subtrees: list[Sequence[Entry]]
+    #: the replies' receiver (a call), or None (a broadcast)
+    waiting: Receiver | None
+    sent: float
+
+
+class Statistics(NamedTuple):
+    """Counters of one process's multicast state (see :meth:`Multicast.statistics`)."""
+
+    casts_sent: int
+    casts_forwarded: int
+    held: int
+    resent: int
+    lost: int
+
+
+class Multicast:
+    """The tree casts of one process: as caller, as forwarder and as destination."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self._lock = threading.Lock()
+        # held while frames are handed on in order: two polling threads must
+        # not hand on one sender's frames side by side
+        self._deliver = threading.RLock()
+        self._ids = itertools.count(1)
+        #: destination -> the last sequence number sent there (enrolled destinations only)
+        self.sent: dict[Addr, int] = {}
+        self._log: deque[_Logged] = deque()
+        # the log's length at which it is pruned next (amortized: a pass per doubling)
+        self._next_prune = 64
+        #: sender -> the next sequence number to deliver from it
+        self._expected: dict[Addr, int] = {}
+        #: sender -> sequence number -> (frame to deliver, buffers), held until its turn
+        self._held: dict[Addr, dict[int, tuple[Frame | None, list[Any]]]] = {}
+        self._casts_sent = self._forwarded = self._resent = self._lost = 0
+
+    # --- caller -------------------------------------------------------------------------------------
+
+    def cast(
+        self, key: Key, method: str, payload: Any, sizes: tuple[int, ...] | None, buffers: list[Any],
+        port: PortRef | None, ranks: Sequence[int], addrs: Sequence[Addr], labels: tuple[str, ...],
+        extent: tuple[int, ...], waiting: Receiver | None,
+    ) -> list[tuple[Addr, str]]:
+        """Send one call to the actors at ``addrs`` (ranks ``ranks`` of the view) down a tree.
+
+        Returns:
+            The ``(address, report)`` of each child that could not be reached
+            and whose subtree could not be reached either (its part of the
+            wait is failed by the caller).
+        """
+        rt = self.rt
+        dead = rt.dead
+        with self._lock:
+            sent = self.sent
+            entries: list[Entry] = []
+            for rank, addr in zip(ranks, addrs, strict=True):
+                number = sent.get(addr, 0) + 1
+                sent[addr] = number
+                entries.append((rank, addr, number))
+            me = rt.addr
+            fanout = settings.cast_fanout
+            frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, ())
+            subtrees = plan([e for e in entries if e[1] not in dead], fanout)
+            nbytes = sum(getattr(b, "nbytes", len(b)) for b in buffers)
+            self._log.append(_Logged(frame, buffers, nbytes, frozenset(addrs), subtrees, waiting, time.monotonic()))
+            self._casts_sent += 1
+            if len(self._log) >= self._next_prune:
+                self._prune()
+        failed = [(e[1], dead[e[1]]) for e in entries if e[1] in dead] if dead else []
+        for subtree in subtrees:
+            failed.extend(self._send(frame, subtree, buffers))
+        return failed
+
+    def wrap(self, addr: Addr, frame: Frame) -> Frame:
+        """``frame`` as it must travel to ``addr``: in a ``SEQ`` envelope once ``addr`` is enrolled."""
+        with self._lock:
+            number = self.sent.get(addr)
+            if number is None:
+                return frame
+            self.sent[addr] = number + 1
+        return protocol.seq(frame[1], self.rt.addr, number + 1, frame)
+
+    def dead(self, addr: Addr) -> None:
+        """``addr`` has died: resend the logged casts it was to forward; forget what it sent here."""
+        with self._lock:
+            self._held.pop(addr, None)
+            self._expected.pop(addr, None)
+            self._prune()
+            logged = list(self._log)
+        for cast in logged:
+            for subtree in cast.subtrees:
+                lost = _below(subtree, addr, cast.frame[-2])
+                if lost:
+                    self._resend(cast, lost)
+
+    def _resend(self, cast: _Logged, entries: Sequence[Entry]) -> None:
+        dead = self.rt.dead
+        alive = [e for e in entries if e[1] not in dead]
+        if not alive:
+            return
+        if cast.buffers or cast.nbytes == 0 or cast.waiting is not None:
+            self._resent += 1
+            for subtree in plan(alive, cast.frame[-2]):
+                self._send(cast.frame, subtree, cast.buffers)
+            return
+        # A broadcast whose buffers the log dropped: skip its numbers, say so.
+        self._lost += 1
+        method = cast.frame[4]
+        ranks = sorted(e[0] for e in alive)
+        warn(f"a broadcast of {method}() to ranks {ranks} was lost with the process that was to relay it")
+        for _, addr, number in alive:
+            try:
+                self.rt.router.send(addr, protocol.seq(None, self.rt.addr, number, None))
+            except ConnectionError:
+                pass
+
+    def _prune(self) -> None:
+        # Under the lock: drop calls answered, and broadcasts past _RETAIN or
+        # known delivered: a destination delivers in order, so its answer to
+        # a later call means it had every earlier cast.  Broadcasts beyond
+        # the byte budget keep their tree, not their buffers.
+        log = self._log
+        horizon = time.monotonic() - _RETAIN
+        kept: deque[_Logged] = deque()
+        answered: set[Addr] = set()
+        total = 0
+        for cast in reversed(log):
+            if cast.waiting is not None:
+                if cast.waiting.pending:
+                    kept.appendleft(cast)
+                else:
+                    answered |= cast.addrs
+                continue
+            if cast.sent < horizon or cast.addrs <= answered:
+                continue
+            if cast.buffers and total + cast.nbytes > _RETAIN_BYTES:
+                cast = cast._replace(buffers=[])
+            if cast.buffers:
+                total += cast.nbytes
+            kept.appendleft(cast)
+        self._log = kept
+        self._next_prune = 2 * len(kept) + 64
+
+    # --- forwarder ----------------------------------------------------------------------------------
+
+    def _send(self, frame: Frame, subtree: Sequence[Entry], buffers: list[Any]) -> list[tuple[Addr, str]]:
+        """Send ``frame`` for ``subtree`` to its first entry; around it, to its parts, if it cannot be reached."""
+        dead = self.rt.dead
+        child = subtree[0][1]
+        report = dead.get(child) if dead else None
+        if report is None:
+            try:
+                self.rt.router.send(child, (*frame[:-1], tuple(subtree)), buffers)
+                return []
+            except ConnectionError as exc:
+                report = str(exc)
+        failed = [(child, report)]
+        rest = subtree[1:]
+        if rest:
+            for part in split(rest, frame[-2]):
+                failed.extend(self._send(frame, part, buffers))
+        return failed
+
+    def on_cast(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """CAST: forward the subtree's parts, then deliver this process's call in its sender's order."""
+        _, sizes, sender, key, method, payload, port, labels, extent, fanout, entries = frame
+        rank, addr, number = entries[0]
+        rest = entries[1:]
+        mine = buffers
+        if rest:
+            self._forwarded += 1
+            for part in split(rest, fanout):
+                self._send(frame, part, buffers)
+            if buffers:
+                # the children's sends still read these: the actor gets its own
+                from .._transport.buffers import copy_buffer
+
+                mine = [copy_buffer(b) for b in buffers]
+        call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
+        self._in_order(sender, number, call, mine)
+
+    # --- destination --------------------------------------------------------------------------------
+
+    def on_seq(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """SEQ: a direct frame from a sender that casts here through trees; delivered in its order."""
+        _, _, sender, number, inner = frame
+        self._in_order(sender, number, inner, buffers)
+
+    def _in_order(self, sender: Addr, number: int, frame: Frame | None, buffers: list[Any]) -> None:
+        # Hand on `frame` if it is the next from `sender`, with the held ones
+        # that follow it; else hold it.  None: a number skipped (a lost broadcast).
+        with self._deliver:
+            with self._lock:
+                expected = self._expected.get(sender, 1)
+                if number < expected:
+                    return  # a resent cast delivered already
+                held = self._held.setdefault(sender, {})
+                if number > expected:
+                    held[number] = (frame, buffers)
+                    return
+                ready = [(frame, buffers)]
+                expected += 1
+                while expected in held:
+                    ready.append(held.pop(expected))
+                    expected += 1
+                self._expected[sender] = expected
+            dispatch = self.rt.dispatch
+            for item, bufs in ready:
+                if item is not None:
+                    dispatch[item[0]](sender, item, bufs)
+
+    def statistics(self) -> Statistics:
+        """Counters: casts sent, forwarded, frames held for order, casts resent, broadcasts lost."""
+        with self._lock:
+            held = sum(len(h) for h in self._held.values())
+        return Statistics(self._casts_sent, self._forwarded, held, self._resent, self._lost)
+
+
+def _below(subtree: Sequence[Entry], addr: Addr, fanout: int) -> Sequence[Entry]:
+    """The entries that ``addr`` was to forward to in ``subtree`` (empty if it forwards nothing there)."""
+    while subtree:
+        if subtree[0][1] == addr:
+            return subtree[1:]
+        rest = subtree[1:]
+        for part in split(rest, fanout):
+            if any(e[1] == addr for e in part):
+                subtree = part
+                break
+        else:
+            return ()
+    return ()
+

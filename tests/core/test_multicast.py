@@ -1,0 +1,193 @@
+"""Casts down a tree (``_core.multicast``): shape, fan-out, order, and a forwarder's death.
+
+The tree's shape is pure arithmetic (:func:`split`, :func:`plan`), checked
+here directly.  What it does at run time is checked in real jobs, with a
+fan-out of 2 and trees from 2 actors on (``MPIMESH_CAST_FANOUT``,
+``MPIMESH_CAST_TREE_MIN``), on 8 launch-pool workers and on 8 spawned ones:
+how many messages leave the controller per cast, which processes forward,
+that every actor sees exactly the sequence of messages its caller sent
+(casts of the whole mesh and of slices interleaved with direct calls), and
+that a forwarder which stops and then dies holding a call still lets its
+subtree answer while its own rank fails with ``SupervisionError``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import mpitest
+import pytest
+from mpitest import EXIT_BOUND, python_cmd
+
+from mpimesh._core.multicast import _below, plan, split
+
+pytestmark = pytest.mark.subprocess
+
+
+def entries(n: int, island: int = 0) -> list[tuple[int, tuple[int, int], int]]:
+    return [(r, (island, r + 1), 1) for r in range(n)]
+
+
+def ranks(parts: list) -> list[list[int]]:  # type: ignore[type-arg]
+    return [[e[0] for e in part] for part in parts]
+
+
+def test_split_is_contiguous_and_nearly_equal() -> None:
+    assert ranks(split(entries(8), 3)) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert ranks(split(entries(2), 8)) == [[0], [1]]
+    assert ranks(split(entries(5), 1)) == [[0, 1, 2, 3, 4]]
+
+
+def test_plan_keeps_each_subtree_in_one_island() -> None:
+    mixed = entries(4, island=1) + entries(4, island=2)
+    assert ranks(plan(mixed, 4)) == [[0, 1], [2, 3], [0, 1], [2, 3]]
+    assert [{e[1][0] for e in part} for part in plan(mixed, 4)] == [{1}, {1}, {2}, {2}]
+    # more islands than the fan-out: one subtree per island
+    many = [e for i in range(1, 6) for e in entries(2, island=i)]
+    assert len(plan(many, 2)) == 5
+
+
+def test_below_is_what_a_forwarder_would_send() -> None:
+    tree = entries(8)
+    # fan-out 2: 0 forwards [1, 2, 3] as [1, 2] and [3]; 1 forwards [2]
+    assert [e[0] for e in _below(tree, (0, 1), 2)] == [1, 2, 3, 4, 5, 6, 7]
+    assert [e[0] for e in _below(tree[:4], (0, 1), 2)] == [1, 2, 3]
+    assert [e[0] for e in _below(tree[:4], (0, 2), 2)] == [2]
+    assert list(_below(tree[:4], (0, 3), 2)) == []  # a leaf
+    assert list(_below(tree[:4], (0, 9), 2)) == []  # not in the tree
+
+
+SCRIPT = r'''
+import json, os, signal, sys, threading, time
+import mpimesh
+from mpimesh import Actor, SupervisionError, current_rank, endpoint, this_host
+from mpimesh._core import current
+
+
+def emit(**row):
+    print("ROW " + json.dumps(row), flush=True)
+
+
+class Hook:
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, failure):
+        self.failures.append(failure)
+
+
+class R(Actor):
+    def __init__(self):
+        self.log = []
+
+    @endpoint
+    def add(self, x):
+        self.log.append(x)
+
+    @endpoint
+    def seen(self):
+        return self.log
+
+    @endpoint
+    def pid(self):
+        return os.getpid()
+
+    @endpoint
+    def forwarded(self):
+        return current.current().multicast.statistics().casts_forwarded
+
+    @endpoint
+    def echo(self, x):
+        return [current_rank()["gpus"], x]
+
+
+mpimesh.unhandled_fault_hook = hook = Hook()
+m = this_host().spawn_procs(per_host={"gpus": 8}).spawn("r", R)
+rt = current.current()
+pids = list(m.pid.call().get(60).values())
+before = rt.router.frames_out
+m.add.broadcast(("all", -1))
+emit(adverb="frames_per_cast", value=rt.router.frames_out - before)
+emit(adverb="forwarded", value=list(m.forwarded.call().get(30).values()))
+
+# Every actor must see exactly what was sent to it, in order.
+expected = {r: [["all", -1]] for r in range(8)}
+for i in range(40):
+    m.add.broadcast(("all", i))
+    for r in range(8):
+        expected[r].append(["all", i])
+    lo, hi = i % 5, i % 5 + 3
+    m.slice(gpus=slice(lo, hi)).add.broadcast(("slice", i))
+    for r in range(lo, hi):
+        expected[r].append(["slice", i])
+    one = m.slice(gpus=i % 8)
+    if i % 3:
+        one.add.broadcast(("direct", i))
+    else:
+        one.add.call_one(("direct", i)).get(30)
+    expected[i % 8].append(["direct", i])
+seen = [[list(x) for x in log] for log in m.seen.call().get(60).values()]
+emit(adverb="order", value=[seen[r] == expected[r] for r in range(8)])
+
+# A forwarder (rank 0 forwards to 1 and 3, rank 1 to 2) stops, holding a call, then dies.
+os.kill(pids[0], signal.SIGSTOP)
+futures = list(m.echo.stream("x"))
+os.kill(pids[0], signal.SIGKILL)
+got = []
+for fut in futures:
+    try:
+        got.append(fut.get(60))
+    except SupervisionError as exc:
+        got.append(["SupervisionError", str(exc)])
+emit(adverb="after_death", value=got)
+emit(adverb="resent", value=rt.multicast.statistics().resent)
+emit(adverb="healthy", value=list(m.slice(gpus=slice(1, 8)).echo.call("y").get(60).values()))
+emit(adverb="hook", value=[[f.mesh_name, f.crashed_ranks] for f in hook.failures])
+print("END", flush=True)
+'''
+
+ENV = {
+    "MPIMESH_CAST_FANOUT": "2",
+    "MPIMESH_CAST_TREE_MIN": "2",
+    "MPIMESH_SHUTDOWN_TIMEOUT": "5",
+}
+
+
+def command(launch: str, path: Path) -> list[str]:
+    if launch == "pool":
+        return [str(Path(sys.executable).parent / "mpimesh"), "run", "-n", "9", str(path)]
+    return python_cmd("-m", "mpimesh", str(path))
+
+
+@pytest.mark.parametrize("launch", ["pool", "spawned"])
+def test_tree_cast(launch: str, tmp_path: Path) -> None:
+    if not mpitest.is_openmpi():
+        pytest.skip("a worker's death is survivable only on Open MPI 5 with ULFM (README, 'Which MPI stacks')")
+    path = tmp_path / "tree.py"
+    path.write_text(SCRIPT)
+    job = mpitest.run_job(command(launch, path), timeout=240, env=ENV, exit_bound=EXIT_BOUND)
+    rows = {k: v["value"] for k, v in job.rows.items()}
+    assert "hook" in rows, job.describe()
+    # one message per child of the controller, not one per actor
+    assert rows["frames_per_cast"] == 2, job.describe()
+    # ranks 0 and 4 are the controller's children; 0 forwards to 1 and 3, 1 to 2, 4 to 5 and 7, 5 to 6
+    forwarders = [r for r, n in enumerate(rows["forwarded"]) if n]
+    assert forwarders == [0, 1, 4, 5], job.describe()
+    assert rows["order"] == [True] * 8, job.describe()
+    # stream() yields in the order the replies come
+    errors = [a[1] for a in rows["after_death"] if a[0] == "SupervisionError"]
+    values = sorted(a for a in rows["after_death"] if a[0] != "SupervisionError")
+    assert len(errors) == 1 and errors[0].startswith("Endpoint call r.echo() failed, The actor r{'gpus': 0/8} "), \
+        job.describe()
+    assert values == [[r, "x"] for r in range(1, 8)], job.describe()
+    assert rows["resent"] == 1, job.describe()  # to rank 0's subtree, once it was known dead
+    assert rows["healthy"] == [[r, "y"] for r in range(7)], job.describe()
+    assert rows["hook"] == [["r", [0]]], job.describe()
+    assert not job.hung or launch == "pool", job.describe()
+    if job.hung:
+        pytest.xfail("the known MPI_Finalize hang after a launch-pool death (tests/roles/test_faults.py)")
+    assert job.returncode == 0, job.describe()
+    assert job.orphans == [], job.describe()
+    json.dumps(rows)  # the rows are plain data
