@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from mpimesh import Actor, endpoint
 
-__all__ = ["Bench", "describe_job", "raw_fanout", "raw_pipelined", "raw_standalone"]
+__all__ = ["Bench", "describe_job", "raw_collective", "raw_fanout", "raw_pipelined", "raw_standalone"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,6 +49,20 @@ class Bench(Actor):
     @endpoint
     def block_world(self) -> int:
         return _raw.block(MPI.COMM_WORLD)
+
+    @endpoint
+    def take(self, t: Any) -> None:
+        """A no-op that takes a (large) argument."""
+
+    @endpoint
+    def collective_world(self, ranks: list[int], rounds: int, nbytes: int) -> int:
+        # The worker half of _raw.collective on a communicator of `ranks` of COMM_WORLD.
+        comm = _raw.group_comm(MPI.COMM_WORLD, ranks)
+        try:
+            _raw.collective(comm, rounds, nbytes)
+        finally:
+            comm.Free()
+        return rounds
 
 
 def library_version() -> str:
@@ -80,6 +94,27 @@ def raw_fanout(mesh: Any, world_ranks: Sequence[int], rounds: int, timeout: floa
     """
     fut = mesh.echo_world.call(rounds)
     out = _raw.fanout(MPI.COMM_WORLD, list(world_ranks), rounds)
+    fut.get(timeout)
+    return out
+
+
+def raw_collective(mesh: Any, world_ranks: Sequence[int], rounds: int, nbytes: int = 0,
+                   timeout: float = 240.0) -> tuple[list[int], float]:
+    """MPI's own trees on the controller and ``world_ranks`` (``_raw.collective``), in this job.
+
+    ``mesh``'s actors live on exactly ``world_ranks``; each runs the worker
+    half inside an endpoint call.
+
+    Returns:
+        Per-round ns and the controller's CPU seconds.
+    """
+    ranks = [0, *world_ranks]
+    fut = mesh.collective_world.call(ranks, rounds, nbytes)
+    comm = _raw.group_comm(MPI.COMM_WORLD, ranks)
+    try:
+        out = _raw.collective(comm, rounds, nbytes)
+    finally:
+        comm.Free()
     fut.get(timeout)
     return out
 

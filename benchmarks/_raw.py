@@ -55,6 +55,42 @@ def fanout(comm, dests: Sequence[int], rounds: int, tag: int = TAG) -> tuple[lis
     return out, time.process_time() - cpu0
 
 
+def group_comm(world, ranks: Sequence[int]):
+    """A communicator of ``ranks`` of ``world`` (collective over them: every one of them calls it)."""
+    return world.Create_group(world.Get_group().Incl(list(ranks)), tag=TAG + 2)
+
+
+def collective(comm, rounds: int, nbytes: int = 0) -> tuple[list[int], float]:
+    """One side (any rank) of MPI's own trees on ``comm``, rank 0 the root, per round.
+
+    ``nbytes`` 0: ``bcast`` of a small pickled tuple, then ``gather`` of one
+    from each rank (a cast and its replies, done by MPI's collectives); else
+    ``Bcast`` of an ``nbytes`` buffer.
+
+    Returns:
+        Per-round wall times in ns, and process CPU seconds for all rounds.
+    """
+    import numpy as np
+
+    buf = np.zeros(nbytes, np.uint8) if nbytes else None
+    if buf is not None:
+        buf[:] = 1  # faulted in, as a tensor argument would be
+    out: list[int] = []
+    clock = time.perf_counter_ns
+    comm.Barrier()
+    cpu0 = time.process_time()
+    for i in range(rounds):
+        t0 = clock()
+        if buf is None:
+            comm.bcast((0, i), root=0)
+            comm.gather(i, root=0)
+        else:
+            comm.Bcast(buf, root=0)
+            comm.Barrier()  # done everywhere, as a call().get() is
+        out.append(clock() - t0)
+    return out, time.process_time() - cpu0
+
+
 def pipelined(comm, dest: int, n: int, tag: int = TAG) -> float:
     """Controller half of B3's baseline: one sync round, then ``n`` ``isend``s, then ``n`` acks.
 

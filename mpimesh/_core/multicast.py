@@ -44,6 +44,7 @@ from ..config import settings
 from . import protocol
 from .logs import warn
 from .protocol import Frame, Key, PortRef
+from .relays import KEEP, Relay, lost
 
 if TYPE_CHECKING:
     from .ports import Receiver
@@ -60,6 +61,11 @@ Entry = tuple[int, Addr, int]
 _RETAIN = 2 * settings.heartbeat_timeout + 5.0
 #: Bytes of broadcast buffers the log keeps; older broadcasts keep only their tree.
 _RETAIN_BYTES = 1 << 30
+
+#: How a cast's replies travel (``protocol.cast``'s ``gather``).
+DIRECT, GATHER, RESEND = 0, 1, 2
+# positions in a CAST frame
+_PORT, _FANOUT, _GATHER = 6, 9, 10
 
 
 def split(entries: Sequence[Entry], parts: int) -> list[Sequence[Entry]]:
@@ -134,15 +140,21 @@ class Multicast:
         #: sender -> sequence number -> (frame to deliver, buffers), held until its turn
         self._held: dict[Addr, dict[int, tuple[Frame | None, list[Any]]]] = {}
         self._casts_sent = self._forwarded = self._resent = self._lost = 0
+        #: (sender, sequence number) -> the relay of that cast here, kept relays.KEEP seconds
+        self._relays: dict[tuple[Addr, int], Relay] = {}
+        self._next_relay_prune = 64
 
     # --- caller -------------------------------------------------------------------------------------
 
     def cast(
         self, key: Key, method: str, payload: Any, sizes: tuple[int, ...] | None, buffers: list[Any],
         port: PortRef | None, ranks: Sequence[int], addrs: Sequence[Addr], labels: tuple[str, ...],
-        extent: tuple[int, ...], waiting: Receiver | None,
+        extent: tuple[int, ...], waiting: Receiver | None, gather: bool,
     ) -> list[tuple[Addr, str]]:
         """Send one call to the actors at ``addrs`` (ranks ``ranks`` of the view) down a tree.
+
+        ``gather``: the replies come up the tree (``_core.relays``), at most
+        one message per child of this process; else each comes straight here.
 
         Returns:
             The ``(address, report)`` of each child that could not be reached
@@ -160,7 +172,7 @@ class Multicast:
                 entries.append((rank, addr, number))
             me = rt.addr
             fanout = settings.cast_fanout
-            frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, ())
+            frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, gather, ())
             subtrees = plan([e for e in entries if e[1] not in dead], fanout)
             nbytes = sum(getattr(b, "nbytes", len(b)) for b in buffers)
             self._log.append(_Logged(frame, buffers, nbytes, frozenset(addrs), subtrees, waiting, time.monotonic()))
@@ -190,7 +202,7 @@ class Multicast:
             logged = list(self._log)
         for cast in logged:
             for subtree in cast.subtrees:
-                lost = _below(subtree, addr, cast.frame[-2])
+                lost = _below(subtree, addr, cast.frame[_FANOUT])
                 if lost:
                     self._resend(cast, lost)
 
@@ -201,8 +213,12 @@ class Multicast:
             return
         if cast.buffers or cast.nbytes == 0 or cast.waiting is not None:
             self._resent += 1
-            for subtree in plan(alive, cast.frame[-2]):
-                self._send(cast.frame, subtree, cast.buffers)
+            frame = cast.frame
+            if frame[_GATHER]:
+                # their relays may be gone with the dead one: answers come straight back
+                frame = (*frame[:_GATHER], RESEND, ())
+            for subtree in plan(alive, frame[_FANOUT]):
+                self._send(frame, subtree, cast.buffers)
             return
         # A broadcast whose buffers the log dropped: skip its numbers, say so.
         self._lost += 1
@@ -258,19 +274,37 @@ class Multicast:
         failed = [(child, report)]
         rest = subtree[1:]
         if rest:
-            for part in split(rest, frame[-2]):
+            for part in split(rest, frame[_FANOUT]):
                 failed.extend(self._send(frame, part, buffers))
         return failed
 
     def on_cast(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """CAST: forward the subtree's parts, then deliver this process's call in its sender's order."""
-        _, sizes, sender, key, method, payload, port, labels, extent, fanout, entries = frame
-        rank, addr, number = entries[0]
+        _, sizes, sender, key, method, payload, port, labels, extent, fanout, gather, entries = frame
+        rank, _, number = entries[0]
         rest = entries[1:]
+        parts = split(rest, fanout) if rest else []
+        if gather == GATHER and port is not None:
+            # this subtree's replies meet here: the actor's and one message per child
+            relay = Relay(self.rt, f"{method} relay", port, [part[0][1] for part in parts])
+            port = (self.rt.addr, self.rt.ports.open(relay))
+            frame = (*frame[:_PORT], port, *frame[_PORT + 1:])
+            with self._lock:
+                self._relays[sender, number] = relay
+                if len(self._relays) >= self._next_relay_prune:
+                    self._prune_relays()
+        elif gather == RESEND:
+            with self._lock:
+                earlier = self._relays.get((sender, number))
+                delivered = number < self._expected.get(sender, 1)
+            if earlier is not None:
+                earlier.redirect(port)
+            elif delivered:
+                lost(self.rt, port, rank, method)
         mine = buffers
-        if rest:
+        if parts:
             self._forwarded += 1
-            for part in split(rest, fanout):
+            for part in parts:
                 self._send(frame, part, buffers)
             if buffers:
                 # the children's sends still read these: the actor gets its own
@@ -279,6 +313,12 @@ class Multicast:
                 mine = [copy_buffer(b) for b in buffers]
         call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
         self._in_order(sender, number, call, mine)
+
+    def _prune_relays(self) -> None:
+        # Under the lock: forget relays older than relays.KEEP.
+        horizon = time.monotonic() - KEEP
+        self._relays = {k: r for k, r in self._relays.items() if r.opened >= horizon}
+        self._next_relay_prune = 2 * len(self._relays) + 64
 
     # --- destination --------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ Addr = tuple[int, int]
 R = TypeVar("R")
 
 _VALUE = Status.VALUE
+_MANY = Status.MANY
 # concurrent.futures' name of the state of a future nobody settled or cancelled
 _PENDING = "PENDING"
 
@@ -53,6 +54,17 @@ def decode(status: int, body: Any, buffers: list[Any], what: str) -> Any:
     if status == Status.ERROR:
         raise _serialize.raise_payload(_serialize.loads(body))
     raise SupervisionError(str(body), endpoint=what)
+
+
+def unpack(body: list[Any], buffers: list[Any]) -> list[tuple[Any, list[Any]]]:
+    """A ``Status.MANY`` reply's items ``(index, status, body, buffer count, address)``, each with its buffers."""
+    out = []
+    at = 0
+    for item in body:
+        n = item[3]
+        out.append((item, buffers[at:at + n]))
+        at += n
+    return out
 
 
 class Receiver:
@@ -158,9 +170,13 @@ class Gather(Receiver):
         self.values = values
         self.pending: set[Addr] = set(sources)
         self._sources = list(sources)
+        self.arrived: set[int] = set()
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         self.pending.discard(src)
+        if index in self.arrived or index in self.errors:
+            return False  # twice: once up a cast's tree, once from a resend (``relays``)
+        self.arrived.add(index)
         try:
             self.results[index] = decode(status, body, buffers, self.what)
         except BaseException as exc:
@@ -295,7 +311,22 @@ class PortTable:
         """
         _, _, pid, index, status, body = frame
         receiver = self._open.get(pid)
-        if receiver is not None and receiver.deliver(index, status, body, buffers, src):
+        if receiver is None:
+            return
+        if status == _MANY:
+            # a relay's message: the replies of a subtree of a cast (``relays``)
+            many = getattr(receiver, "deliver_many", None)
+            if many is not None:
+                done = many(src, body, buffers)
+            else:
+                done = False
+                for (i, st, one, _, source), parts in unpack(body, buffers):
+                    if receiver.deliver(i, st, one, parts, source):
+                        done = True
+                        break
+        else:
+            done = receiver.deliver(index, status, body, buffers, src)
+        if done:
             self._open.pop(pid, None)
 
     def fail_source(self, addr: Addr, report: str) -> int:

@@ -66,6 +66,9 @@ class Status:
     FAILED: Final = 2
     #: body is the value itself, plain data pickled with the frame (see ``serialize.plain``)
     VALUE: Final = 3
+    #: body is a list of replies ``(index, status, body, buffer count, address)``, their
+    #: buffers one after the other: a subtree's replies to a cast (``_core.relays``)
+    MANY: Final = 4
 
 
 class Spec(NamedTuple):
@@ -259,20 +262,24 @@ def debug(op: str, arg: Any) -> Frame:
     return (_DEBUG, None, op, arg)
 
 
-_declare(_CAST, "CAST", "sender key method args reply_port labels extent fanout entries",
+_declare(_CAST, "CAST", "sender key method args reply_port labels extent fanout gather entries",
          "_core.multicast.Multicast.on_cast")
 
 
 def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, args: Any, reply_port: PortRef | None,
-         labels: tuple[str, ...], extent: tuple[int, ...], fanout: int, entries: tuple[Any, ...]) -> Frame:
+         labels: tuple[str, ...], extent: tuple[int, ...], fanout: int, gather: int,
+         entries: tuple[Any, ...]) -> Frame:
     """Any -> actors down a tree: one CALL for each of ``entries``, ``(rank, address, sequence)``.
 
     The first entry is the receiver's own; it forwards the others, split in
     at most ``fanout`` parts (see ``_core.multicast``).  ``labels`` and
     ``extent`` are the addressed view's, so each entry's message point is
-    ``(rank, labels, extent)``.  ``entries`` comes last: a forwarder replaces it.
+    ``(rank, labels, extent)``.  ``gather``: how replies travel to
+    ``reply_port``, each straight there (0), up the tree (1, see
+    ``_core.relays``) or straight there for a resend (2).  ``entries`` comes
+    last: a forwarder replaces it (and ``reply_port``, when gathering).
     """
-    return (_CAST, bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, entries)
+    return (_CAST, bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, gather, entries)
 
 
 _declare(_SEQ, "SEQ", "sender sequence inner", "_core.multicast.Multicast.on_seq")

@@ -102,6 +102,12 @@ class R(Actor):
     def echo(self, x):
         return [current_rank()["gpus"], x]
 
+    @endpoint
+    def echo_slow(self, x, slow):
+        if current_rank()["gpus"] == slow:
+            time.sleep(3600)
+        return [current_rank()["gpus"], x]
+
 
 mpimesh.unhandled_fault_hook = hook = Hook()
 m = this_host().spawn_procs(per_host={"gpus": 8}).spawn("r", R)
@@ -111,6 +117,10 @@ before = rt.router.frames_out
 m.add.broadcast(("all", -1))
 emit(adverb="frames_per_cast", value=rt.router.frames_out - before)
 emit(adverb="forwarded", value=list(m.forwarded.call().get(30).values()))
+before = rt.router.frames_in
+for _ in range(20):
+    m.echo.call(0).get(30)
+emit(adverb="frames_in_per_call", value=(rt.router.frames_in - before) / 20)
 
 # Every actor must see exactly what was sent to it, in order.
 expected = {r: [["all", -1]] for r in range(8)}
@@ -144,6 +154,17 @@ for fut in futures:
 emit(adverb="after_death", value=got)
 emit(adverb="resent", value=rt.multicast.statistics().resent)
 emit(adverb="healthy", value=list(m.slice(gpus=slice(1, 8)).echo.call("y").get(60).values()))
+# A relay dies after its subtree answered it: in the view of ranks 1-7 (rank 0 is dead), the
+# controller's children are ranks 1 and 5; rank 5 gathers its own reply and those of 6 and 7.
+fut = m.slice(gpus=slice(1, 8)).echo_slow.call("z", 4)
+for r in (6, 7):
+    m.slice(gpus=r).pid.call_one().get(30)  # after echo_slow there: its reply went to rank 5
+os.kill(pids[5], signal.SIGKILL)
+try:
+    emit(adverb="relay_died", value=["value", list(fut.get(60).values())])
+except Exception as exc:
+    emit(adverb="relay_died", value=[type(exc).__name__, str(exc)])
+emit(adverb="healthy2", value=list(m.slice(gpus=slice(6, 8)).echo.call("w").get(60).values()))
 emit(adverb="hook", value=[[f.mesh_name, f.crashed_ranks] for f in hook.failures])
 print("END", flush=True)
 '''
@@ -176,6 +197,8 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     forwarders = [r for r, n in enumerate(rows["forwarded"]) if n]
     assert forwarders == [0, 1, 4, 5], job.describe()
     assert rows["order"] == [True] * 8, job.describe()
+    # replies come up the tree: about one message per child of the controller (heartbeats add a few)
+    assert rows["frames_in_per_call"] < 3, job.describe()
     # stream() yields in the order the replies come
     errors = [a[1] for a in rows["after_death"] if a[0] == "SupervisionError"]
     values = sorted(a for a in rows["after_death"] if a[0] != "SupervisionError")
@@ -184,7 +207,12 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     assert values == [[r, "x"] for r in range(1, 8)], job.describe()
     assert rows["resent"] == 1, job.describe()  # to rank 0's subtree, once it was known dead
     assert rows["healthy"] == [[r, "y"] for r in range(7)], job.describe()
-    assert rows["hook"] == [["r", [0]]], job.describe()
+    # ranks 6 and 7 answered again, straight from their processes: the call ends with rank 5's failure
+    assert rows["relay_died"][0] == "SupervisionError", job.describe()
+    assert rows["relay_died"][1].startswith("Endpoint call r.echo_slow() failed, The actor r{'gpus': 4/7} "), \
+        job.describe()
+    assert rows["healthy2"] == [[r, "w"] for r in range(2)], job.describe()
+    assert rows["hook"] == [["r", [0]], ["r", [5]]], job.describe()
     assert not job.hung or launch == "pool", job.describe()
     if job.hung:
         pytest.xfail("the known MPI_Finalize hang after a launch-pool death (tests/roles/test_faults.py)")

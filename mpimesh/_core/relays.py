@@ -1,0 +1,128 @@
+"""Replies up the tree: each process of a cast's tree sends its subtree's replies as one message.
+
+A ``call()`` cast down a tree (``_core.multicast``) opens a :class:`Relay`
+port in every process it reaches.  The process's own actor answers into its
+relay; each child's relay answers into its parent's; once a relay has its
+own reply and one message from each child (or the child's death), it sends
+everything it holds to its parent as one ``REPLY`` of status ``MANY``: a
+list of ``(index, status, body, buffer count, address)`` items and their
+raw buffers, one after the other.  The caller's port unpacks the items
+(``ports.unpack``), so its receiver sees one reply per actor, as from direct
+calls, and the caller receives at most one message per child.
+
+A relay that dies loses its subtree's replies.  The caller, told of the
+death, casts the call again to that subtree with replies sent straight to
+it (``_core.multicast``); a process that has run the call already answers
+the resend from its relay, which keeps its own reply for :data:`KEEP`
+seconds (:meth:`Relay.redirect`), and reports the reply lost after that.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .ports import Receiver
+from .protocol import Frame, Kind, PortRef, Status
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+__all__ = ["KEEP", "MANY", "Relay", "lost"]
+
+Addr = tuple[int, int]
+#: One reply as a relay passes it on: ``(index, status, body, buffer count, address)``.
+Item = tuple[int, int, Any, int, Addr]
+
+_REPLY = Kind.REPLY
+
+#: REPLY status of a relay's message: the body is a list of items.
+MANY = Status.MANY
+#: Seconds a relay keeps its own process's reply, to answer a resend.
+KEEP = 60.0
+
+
+class Relay(Receiver):
+    """The replies of one process's subtree of a cast, on their way to the parent.
+
+    Args:
+        rt: this process's runtime.
+        parent: the port the subtree's replies go to (the parent's relay, or the caller's port).
+        children: the first address of each part this process forwarded to.
+    """
+
+    __slots__ = ("rt", "what", "pending", "parent", "items", "buffers", "own", "direct", "opened", "pid", "done")
+
+    def __init__(self, rt: Runtime, what: str, parent: PortRef, children: list[Addr]) -> None:
+        self.rt = rt
+        self.what = what
+        # its own reply (from this process) and one message per child
+        self.pending: set[Addr] = {rt.addr, *children}
+        self.parent = parent
+        self.items: list[Item] = []
+        self.buffers: list[Any] = []
+        self.own: tuple[Item, list[Any]] | None = None
+        #: where a resend asked this process's own reply to go as well
+        self.direct: PortRef | None = None
+        self.opened = time.monotonic()
+        self.pid = 0
+        self.done = False
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        """This process's actor answered: its reply joins the subtree's."""
+        item = (index, status, body, len(buffers), src)
+        self.own = (item, buffers)
+        self.items.append(item)
+        self.buffers.extend(buffers)
+        if self.direct is not None:
+            self._send_own(self.direct)
+        return self._settle(src)
+
+    def deliver_many(self, src: Addr, body: list[Item], buffers: list[Any]) -> bool:
+        """A child's message: its subtree's replies."""
+        self.items.extend(body)
+        self.buffers.extend(buffers)
+        return self._settle(src)
+
+    def fail(self, addr: Addr, report: str) -> bool:
+        """A child died: its subtree answers the caller directly (the caller resends to it)."""
+        return self._settle(addr)
+
+    def _settle(self, src: Addr) -> bool:
+        pending = self.pending
+        pending.discard(src)
+        if pending or self.done:
+            return False
+        self.done = True
+        frame: Frame = (_REPLY, tuple(b.nbytes for b in self.buffers) or None, self.parent[1], -1, MANY,
+                        self.items)
+        self._send(self.parent[0], frame, self.buffers)
+        self.items, self.buffers = [], []
+        return True
+
+    def redirect(self, port: PortRef) -> None:
+        """A resend: this process's own reply goes to ``port`` too (now if it is in, else when it comes)."""
+        self.direct = port
+        if self.own is not None:
+            self._send_own(port)
+
+    def _send_own(self, port: PortRef) -> None:
+        (item, buffers) = self.own  # type: ignore[misc]
+        frame: Frame = (_REPLY, tuple(b.nbytes for b in buffers) or None, port[1], -1, MANY, [item])
+        self._send(port[0], frame, buffers)
+
+    def _send(self, dest: Addr, frame: Frame, buffers: list[Any]) -> None:
+        if dest in self.rt.dead:
+            return
+        try:
+            self.rt.router.send(dest, frame, buffers)
+        except ConnectionError:
+            pass  # the parent died: the caller resends to this subtree
+
+
+def lost(rt: Runtime, port: PortRef, index: int, what: str) -> None:
+    """Answer a resend whose reply this process no longer keeps: the reply is reported lost."""
+    report = (f"the reply of {what}() at rank {index} was lost with the process that relayed it "
+              f"(kept {KEEP:g} s); call again")
+    rt.reply(port, index, Status.FAILED, report)
+
