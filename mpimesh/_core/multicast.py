@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._transport.buffers import copy_buffer, recv_buffer
 from ..config import settings
 from . import protocol
 from .logs import warn
@@ -65,7 +66,11 @@ _RETAIN_BYTES = 1 << 30
 #: How a cast's replies travel (``protocol.cast``'s ``gather``).
 DIRECT, GATHER, RESEND = 0, 1, 2
 # positions in a CAST frame
-_PORT, _FANOUT, _GATHER = 6, 9, 10
+_PORT, _FANOUT, _GATHER, _STREAM = 6, 9, 10, 11
+#: Casts with at least this many bytes of raw buffers go down a binary tree in PART frames ...
+STREAM_MIN = 8 << 20
+#: ... of this many bytes each.
+PIECE = 4 << 20
 
 
 def split(entries: Sequence[Entry], parts: int) -> list[Sequence[Entry]]:
@@ -110,6 +115,20 @@ class _Logged(NamedTuple):
     sent: float
 
 
+class _Incoming:
+    """A cast whose raw buffers arrive in PART frames, on its way to this process's actor."""
+
+    __slots__ = ("children", "buffers", "left", "call", "number", "opened")
+
+    def __init__(self, children: list[Addr], buffers: list[Any], left: int, call: Frame, number: int) -> None:
+        self.children = children
+        self.buffers = buffers
+        self.left = left
+        self.call = call
+        self.number = number
+        self.opened = time.monotonic()
+
+
 class Statistics(NamedTuple):
     """Counters of one process's multicast state (see :meth:`Multicast.statistics`)."""
 
@@ -143,6 +162,9 @@ class Multicast:
         #: (sender, sequence number) -> the relay of that cast here, kept relays.KEEP seconds
         self._relays: dict[tuple[Addr, int], Relay] = {}
         self._next_relay_prune = 64
+        #: (sender, cast id) -> a cast whose raw buffers are arriving in PART frames
+        self._incoming: dict[tuple[Addr, int], _Incoming] = {}
+        self._next_incoming_prune = 64
 
     # --- caller -------------------------------------------------------------------------------------
 
@@ -171,18 +193,42 @@ class Multicast:
                 sent[addr] = number
                 entries.append((rank, addr, number))
             me = rt.addr
-            fanout = settings.cast_fanout
-            frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, gather, ())
+            nbytes = sum(memoryview(b).nbytes for b in buffers)
+            # A large argument goes down a binary tree in pieces: each process
+            # forwards a piece while the next arrives (pipelined chains).
+            streamed = nbytes >= STREAM_MIN
+            fanout = 2 if streamed else settings.cast_fanout
+            frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, gather, None, ())
             subtrees = plan([e for e in entries if e[1] not in dead], fanout)
-            nbytes = sum(getattr(b, "nbytes", len(b)) for b in buffers)
             self._log.append(_Logged(frame, buffers, nbytes, frozenset(addrs), subtrees, waiting, time.monotonic()))
             self._casts_sent += 1
             if len(self._log) >= self._next_prune:
                 self._prune()
+            cid = next(self._ids)
         failed = [(e[1], dead[e[1]]) for e in entries if e[1] in dead] if dead else []
+        if streamed:
+            frame = (*frame[:_STREAM], (cid, tuple(memoryview(b).nbytes for b in buffers)), ())
+            frame = (frame[0], None, *frame[2:])
+        children: list[Addr] = []
         for subtree in subtrees:
-            failed.extend(self._send(frame, subtree, buffers))
+            failed.extend(self._send(frame, subtree, [] if streamed else buffers, children))
+        if streamed:
+            self._stream(me, cid, buffers, children)
         return failed
+
+    def _stream(self, sender: Addr, cid: int, buffers: list[Any], children: list[Addr]) -> None:
+        """Send cast ``cid``'s raw buffers to ``children`` in PART frames of at most ``PIECE`` bytes."""
+        send = self.rt.router.send
+        for index, buf in enumerate(buffers):
+            view = memoryview(buf).cast("B")
+            for offset in range(0, view.nbytes, PIECE):
+                piece = view[offset:offset + PIECE]
+                frame = protocol.part(sender, cid, index, offset, piece.nbytes)
+                for child in children:
+                    try:
+                        send(child, frame, [piece])
+                    except ConnectionError:
+                        pass  # a child that died: the caller resends to its subtree
 
     def wrap(self, addr: Addr, frame: Frame) -> Frame:
         """``frame`` as it must travel to ``addr``: in a ``SEQ`` envelope once ``addr`` is enrolled."""
@@ -216,7 +262,7 @@ class Multicast:
             frame = cast.frame
             if frame[_GATHER]:
                 # their relays may be gone with the dead one: answers come straight back
-                frame = (*frame[:_GATHER], RESEND, ())
+                frame = (*frame[:_GATHER], RESEND, None, ())
             for subtree in plan(alive, frame[_FANOUT]):
                 self._send(frame, subtree, cast.buffers)
             return
@@ -260,14 +306,20 @@ class Multicast:
 
     # --- forwarder ----------------------------------------------------------------------------------
 
-    def _send(self, frame: Frame, subtree: Sequence[Entry], buffers: list[Any]) -> list[tuple[Addr, str]]:
-        """Send ``frame`` for ``subtree`` to its first entry; around it, to its parts, if it cannot be reached."""
+    def _send(self, frame: Frame, subtree: Sequence[Entry], buffers: list[Any],
+              sent: list[Addr] | None = None) -> list[tuple[Addr, str]]:
+        """Send ``frame`` for ``subtree`` to its first entry; around it, to its parts, if it cannot be reached.
+
+        Each process the frame reached is appended to ``sent``.
+        """
         dead = self.rt.dead
         child = subtree[0][1]
         report = dead.get(child) if dead else None
         if report is None:
             try:
                 self.rt.router.send(child, (*frame[:-1], tuple(subtree)), buffers)
+                if sent is not None:
+                    sent.append(child)
                 return []
             except ConnectionError as exc:
                 report = str(exc)
@@ -275,12 +327,12 @@ class Multicast:
         rest = subtree[1:]
         if rest:
             for part in split(rest, frame[_FANOUT]):
-                failed.extend(self._send(frame, part, buffers))
+                failed.extend(self._send(frame, part, buffers, sent))
         return failed
 
     def on_cast(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """CAST: forward the subtree's parts, then deliver this process's call in its sender's order."""
-        _, sizes, sender, key, method, payload, port, labels, extent, fanout, gather, entries = frame
+        _, sizes, sender, key, method, payload, port, labels, extent, fanout, gather, stream, entries = frame
         rank, _, number = entries[0]
         rest = entries[1:]
         parts = split(rest, fanout) if rest else []
@@ -301,6 +353,20 @@ class Multicast:
                 earlier.redirect(port)
             elif delivered:
                 lost(self.rt, port, rank, method)
+        if stream is not None:
+            # the raw buffers follow in PART frames: forward each as it comes
+            cid, sizes = stream
+            children: list[Addr] = []
+            for part in parts:
+                self._send(frame, part, [], children)
+            self._forwarded += bool(parts)
+            call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
+            incoming = _Incoming(children, [recv_buffer(n) for n in sizes], sum(sizes), call, number)
+            with self._lock:
+                self._incoming[sender, cid] = incoming
+                if len(self._incoming) >= self._next_incoming_prune:
+                    self._prune_incoming()
+            return
         mine = buffers
         if parts:
             self._forwarded += 1
@@ -308,11 +374,38 @@ class Multicast:
                 self._send(frame, part, buffers)
             if buffers:
                 # the children's sends still read these: the actor gets its own
-                from .._transport.buffers import copy_buffer
-
                 mine = [copy_buffer(b) for b in buffers]
         call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
         self._in_order(sender, number, call, mine)
+
+    def on_part(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """PART: forward a piece of a cast's raw buffer, copy it into place; the last one delivers the call."""
+        _, _, sender, cid, index, offset = frame
+        key = (sender, cid)
+        incoming = self._incoming.get(key)
+        if incoming is None:
+            return  # a cast given up (its sender or a forwarder died)
+        piece = buffers[0]
+        send = self.rt.router.send
+        for child in incoming.children:
+            try:
+                send(child, frame, buffers)
+            except ConnectionError:
+                pass  # a child that died: the caller resends to its subtree
+        n = memoryview(piece).nbytes
+        if n:
+            memoryview(incoming.buffers[index]).cast("B")[offset:offset + n] = memoryview(piece).cast("B")
+        incoming.left -= n
+        if incoming.left <= 0:
+            with self._lock:
+                self._incoming.pop(key, None)
+            self._in_order(sender, incoming.number, incoming.call, incoming.buffers)
+
+    def _prune_incoming(self) -> None:
+        # Under the lock: forget streams older than relays.KEEP (their sender or a forwarder died).
+        horizon = time.monotonic() - KEEP
+        self._incoming = {k: i for k, i in self._incoming.items() if i.opened >= horizon}
+        self._next_incoming_prune = 2 * len(self._incoming) + 64
 
     def _prune_relays(self) -> None:
         # Under the lock: forget relays older than relays.KEEP.

@@ -27,7 +27,7 @@ PortRef = tuple[Addr, int]
 __all__ = [
     "CONTROLLER", "Frame", "Key", "KINDS", "Kind", "NAMES", "PortRef", "Spec", "Status", "TAG_DATA", "TAG_FRAME",
     "batch", "bye", "call", "cast", "dead", "debug", "describe", "fault", "forward", "hello", "init", "log", "ping",
-    "procs", "reply", "seq", "shutdown", "site_call", "spawn", "stop",
+    "part", "procs", "reply", "seq", "shutdown", "site_call", "spawn", "stop",
 ]
 
 
@@ -53,6 +53,7 @@ class Kind:
     DEBUG: Final = 17
     CAST: Final = 18
     SEQ: Final = 19
+    PART: Final = 20
 
 
 class Status:
@@ -86,7 +87,7 @@ class Spec(NamedTuple):
 
 _INIT, _HELLO, _SPAWN, _CALL, _REPLY, _STOP = Kind.INIT, Kind.HELLO, Kind.SPAWN, Kind.CALL, Kind.REPLY, Kind.STOP
 _SHUTDOWN, _BYE, _PROCS, _FAULT, _DEAD, _LOG = Kind.SHUTDOWN, Kind.BYE, Kind.PROCS, Kind.FAULT, Kind.DEAD, Kind.LOG
-_SITE_CALL, _DEBUG, _CAST, _SEQ = Kind.SITE_CALL, Kind.DEBUG, Kind.CAST, Kind.SEQ
+_SITE_CALL, _DEBUG, _CAST, _SEQ, _PART = Kind.SITE_CALL, Kind.DEBUG, Kind.CAST, Kind.SEQ, Kind.PART
 
 KINDS: dict[int, Spec] = {}
 
@@ -262,13 +263,13 @@ def debug(op: str, arg: Any) -> Frame:
     return (_DEBUG, None, op, arg)
 
 
-_declare(_CAST, "CAST", "sender key method args reply_port labels extent fanout gather entries",
+_declare(_CAST, "CAST", "sender key method args reply_port labels extent fanout gather stream entries",
          "_core.multicast.Multicast.on_cast")
 
 
 def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, args: Any, reply_port: PortRef | None,
          labels: tuple[str, ...], extent: tuple[int, ...], fanout: int, gather: int,
-         entries: tuple[Any, ...]) -> Frame:
+         stream: tuple[int, tuple[int, ...]] | None, entries: tuple[Any, ...]) -> Frame:
     """Any -> actors down a tree: one CALL for each of ``entries``, ``(rank, address, sequence)``.
 
     The first entry is the receiver's own; it forwards the others, split in
@@ -276,10 +277,25 @@ def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, 
     ``extent`` are the addressed view's, so each entry's message point is
     ``(rank, labels, extent)``.  ``gather``: how replies travel to
     ``reply_port``, each straight there (0), up the tree (1, see
-    ``_core.relays``) or straight there for a resend (2).  ``entries`` comes
-    last: a forwarder replaces it (and ``reply_port``, when gathering).
+    ``_core.relays``) or straight there for a resend (2).  ``stream``:
+    ``None`` when the raw buffers ride with this frame, else ``(cast id,
+    buffer sizes)``: they follow in PART frames.  ``entries`` comes last: a
+    forwarder replaces it (and ``reply_port``, when gathering).
     """
-    return (_CAST, bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, gather, entries)
+    return (_CAST, bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, gather, stream, entries)
+
+
+_declare(_PART, "PART", "sender cast index offset", "_core.multicast.Multicast.on_part")
+
+
+def part(sender: Addr, cast: int, index: int, offset: int, nbytes: int) -> Frame:
+    """Any -> a cast's tree: ``nbytes`` bytes of raw buffer ``index`` of cast ``cast``, from ``offset`` on.
+
+    The bytes ride as this frame's one raw buffer; each process forwards
+    them to the processes it forwarded the cast to, so a large argument is
+    pipelined down the tree instead of crossing it one hop after another.
+    """
+    return (_PART, (nbytes,), sender, cast, index, offset)
 
 
 _declare(_SEQ, "SEQ", "sender sequence inner", "_core.multicast.Multicast.on_seq")

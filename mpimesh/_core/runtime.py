@@ -140,6 +140,7 @@ class Runtime:
             (Kind.BATCH, self.on_batch),
             (Kind.CAST, self.multicast.on_cast),
             (Kind.SEQ, self.multicast.on_seq),
+            (Kind.PART, self.multicast.on_part),
         ):
             self.handle(kind, handler)
 

@@ -103,6 +103,11 @@ class R(Actor):
         return [current_rank()["gpus"], x]
 
     @endpoint
+    def total(self, a, b):
+        a.add_(1)  # its own copy: the pieces it forwards are not changed
+        return [float(a.double().sum()), float(b.double().sum())]
+
+    @endpoint
     def echo_slow(self, x, slow):
         if current_rank()["gpus"] == slow:
             time.sleep(3600)
@@ -121,6 +126,13 @@ before = rt.router.frames_in
 for _ in range(20):
     m.echo.call(0).get(30)
 emit(adverb="frames_in_per_call", value=(rt.router.frames_in - before) / 20)
+
+# A large argument (> multicast.STREAM_MIN) goes down in pieces.
+import torch
+a = torch.arange(3 * (1 << 20) + 3, dtype=torch.float32)
+b = torch.ones(1 << 20, dtype=torch.float64)
+totals = list(m.total.call(a, b).get(120).values())
+emit(adverb="large", value=[t == [float((a + 1).double().sum()), float(b.sum())] for t in totals])
 
 # Every actor must see exactly what was sent to it, in order.
 expected = {r: [["all", -1]] for r in range(8)}
@@ -197,6 +209,7 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     forwarders = [r for r, n in enumerate(rows["forwarded"]) if n]
     assert forwarders == [0, 1, 4, 5], job.describe()
     assert rows["order"] == [True] * 8, job.describe()
+    assert rows["large"] == [True] * 8, job.describe()
     # replies come up the tree: about one message per child of the controller (heartbeats add a few)
     assert rows["frames_in_per_call"] < 3, job.describe()
     # stream() yields in the order the replies come
