@@ -3,7 +3,7 @@
 #
 # Usage (as root, from anywhere):
 #   bash .ci/hosts-tests.sh
-#   HOSTS_TESTS_ONLY=faults bash .ci/hosts-tests.sh    # one step: mesh | hosts
+#   HOSTS_TESTS_ONLY=mesh bash .ci/hosts-tests.sh    # one step: mesh | trees | hosts
 #
 # Brings two simulated hosts up with multihost.sh (mh1, mh2; taken down again
 # by an EXIT trap, whatever happens) and runs, each step bounded by `timeout`:
@@ -15,6 +15,8 @@
 #           mh2: this_host() meshes of up to 3 come from the pool, and the
 #           one MPI_Comm_spawn Open MPI allows across hosts is left to the
 #           tests of spawning, see mpitest.spawning)
+#   trees   the same with every cast down a tree (MPIMESH_CAST_FANOUT=2,
+#           MPIMESH_CAST_TREE_MIN=2: forwarders on both hosts; issue #16)
 #   hosts   tests/hosts/ under plain pytest: subprocess tests that start their
 #           own multi-host jobs (the fault matrix across hosts, a host lost),
 #           with MPIMESH_TEST_HOSTS=mh1,mh2 and MPIMESH_TEST_HOSTS_REQUIRED=1
@@ -28,7 +30,7 @@
 # summary. Measured here (2 cores): ~37 s in all (mesh ~10 s, hosts ~25 s).
 #
 # Environment (all optional):
-#   HOSTS_TESTS_ONLY      steps to run, e.g. "mesh" (default: "mesh hosts")
+#   HOSTS_TESTS_ONLY      steps to run, e.g. "mesh" (default: "mesh trees hosts")
 #   HOSTS_TESTS_KEEP=1    leave the hosts up at the end
 #   HOSTS_TESTS_TIMEOUT   seconds per step (default 900)
 #   VENV                  the Open MPI virtualenv (default <repo>/.venv)
@@ -40,7 +42,7 @@ REPO=$(cd "$HERE/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
 case "$VENV" in /*) ;; *) VENV=$REPO/$VENV ;; esac
 export VENV
-ONLY=${HOSTS_TESTS_ONLY:-mesh hosts}
+ONLY=${HOSTS_TESTS_ONLY:-mesh trees hosts}
 STEP_TIMEOUT=${HOSTS_TESTS_TIMEOUT:-900}
 PY=$VENV/bin/python
 HOSTS=(mh1 mh2)
@@ -130,6 +132,11 @@ junit() { [ -n "${HOSTS_TESTS_JUNIT:-}" ] && echo "--junitxml=$HOSTS_TESTS_JUNIT
 # shellcheck disable=SC2086,SC2046
 step mesh "$VENV/bin/mpiexec" $FLAGS --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh \
   -m pytest --with-mpi -m mesh -q --color=no $(junit mesh) tests
+# the same with every cast down a tree (fan-out 2, from 2 actors), so trees span the hosts
+# shellcheck disable=SC2086,SC2046
+step trees env MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 "$VENV/bin/mpiexec" $FLAGS -x MPIMESH_CAST_FANOUT \
+  -x MPIMESH_CAST_TREE_MIN --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh -m pytest --with-mpi -m mesh -q --color=no \
+  $(junit trees) tests
 # shellcheck disable=SC2046
 step hosts env MPIMESH_TEST_HOSTS=mh1,mh2 MPIMESH_TEST_HOSTS_REQUIRED=1 "$PY" -m pytest -q --color=no $(junit hosts) \
   -m subprocess tests/hosts

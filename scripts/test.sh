@@ -4,7 +4,8 @@
 #   1. pure and subprocess tests under plain pytest (examples, entry point, launcher), then a
 #      plain pip install into fresh venvs (tests/launch/test_pip_install.py),
 #   2. runtime tests under the real entry point, `mpiexec -n N python -m mpimesh -m pytest`,
-#      for N = 1 (workers spawned), 2 and 4, on the PyPI Open MPI 5 and on MPICH 5,
+#      for N = 1 (workers spawned), 2 and 4, then 4 with every cast down a tree, on the PyPI
+#      Open MPI 5 and on MPICH 5,
 #   2b. as root, the runtime tests and the fault matrix across 2 simulated hosts (.ci/hosts-tests.sh),
 #   3. the SLURM job templates on a local single-node SLURM (when CI=true or
 #      MPIMESH_TEST_SLURM=1; needs root and apt).
@@ -35,6 +36,12 @@ mpi_runs() {
     timeout 900 "${mpiexec[@]}" -n "$n" "$venv/bin/python" -m mpimesh -m pytest --with-mpi -m mesh -q \
       --color=no "$report" tests
   done
+  # Every cast down a tree (fan-out 2, from 2 actors; issue #16): the whole
+  # suite again, so that order, faults and slices hold on the forwarded path.
+  echo "== $label: the same at n=4, every cast down a tree (MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2)"
+  next_report
+  MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 timeout 900 "${mpiexec[@]}" -n 4 "$venv/bin/python" -m mpimesh \
+    -m pytest --with-mpi -m mesh -q --color=no "$report" tests
 }
 
 echo "== lint: ruff, mypy --strict"
@@ -61,8 +68,8 @@ mpi_runs .venv "Open MPI 5"
 # (the fault matrix across hosts, placement, mpimesh run --host).
 if [ "${MPIMESH_TEST_MULTIHOST:-1}" != 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "== Open MPI 5 across 2 simulated hosts: the mesh suite (--host mh1:4,mh2:2 -n 6), then tests/hosts"
-    HOSTS_TESTS_ONLY="mesh hosts" HOSTS_TESTS_JUNIT="$reports/hosts" timeout 900 bash .ci/hosts-tests.sh
+    echo "== Open MPI 5 across 2 simulated hosts: the mesh suite (--host mh1:4,mh2:2 -n 6), again with trees, then tests/hosts"
+    HOSTS_TESTS_ONLY="mesh trees hosts" HOSTS_TESTS_JUNIT="$reports/hosts" timeout 900 bash .ci/hosts-tests.sh
   else
     echo "== across hosts: SKIPPED: simulated hosts need root (network namespaces); as root: bash .ci/hosts-tests.sh"
   fi
