@@ -31,6 +31,7 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import pickle
 import time
@@ -40,6 +41,7 @@ from _actors import Bench, describe_job, raw_collective, raw_fanout
 from _common import emit, median, r, ratio, summary_us, watchdog
 
 from mpimesh import this_host
+from mpimesh._core.current import current
 from mpimesh._core.multicast import split
 from mpimesh.config import settings
 
@@ -50,8 +52,22 @@ def use(tree_min: int, fanout: int) -> None:
     object.__setattr__(settings, "cast_fanout", fanout)
 
 
-def timed(mesh: Any, n: int, *args: Any) -> tuple[dict[str, float], float]:
-    """``n`` no-op calls on the whole mesh: latency summary (µs) and controller CPU µs per call."""
+def quiet(on: bool) -> None:
+    """The controller waits without spinning (benchmark only): its CPU per call is then its work.
+
+    A waiting thread spins ``MPIMESH_SPIN_US`` after each message (a latency
+    choice); with 64 oversubscribed workers a call takes milliseconds, so the
+    spin, not the call, would fill the controller's CPU time.
+    """
+    object.__setattr__(current().progress, "_spin", 0.0 if on else settings.spin_us * 1e-6)
+
+
+def timed(mesh: Any, n: int, *args: Any, how: str = "call") -> tuple[dict[str, float], float]:
+    """``n`` no-op calls on the whole mesh: latency summary (µs) and controller CPU µs per call.
+
+    ``how``: ``call`` (a ValueMesh of the N replies) or ``reduce`` (their
+    sum, folded in the tree: ``endpoint.reduce(operator.add)``).
+    """
     clock = time.perf_counter_ns
     out = []
     cpu0 = time.process_time()
@@ -59,6 +75,8 @@ def timed(mesh: Any, n: int, *args: Any) -> tuple[dict[str, float], float]:
         t0 = clock()
         if args:
             mesh.take.call(*args).get(300)
+        elif how == "reduce":
+            mesh.noop.reduce(operator.add, 1).get(120)
         else:
             mesh.noop.call(1).get(120)
         out.append(clock() - t0)
@@ -111,12 +129,16 @@ def main() -> None:
         job = describe_job(infos)
         pool = not any(i["spawned"] for i in infos)
         ranks = [i["world_rank"] for i in infos]
-        rows: dict[str, list[Any]] = {m: [] for m in ("direct", "tree", "raw_fanout", "raw_collective")}
+        rows: dict[str, list[Any]] = {m: [] for m in ("direct", "tree", "reduce", "raw_fanout", "raw_collective")}
+        work: dict[str, list[float]] = {m: [] for m in ("direct", "tree", "reduce")}
         for _ in range(args.repeats):
-            for mode, tree_min in (("direct", 1 << 30), ("tree", 2)):
+            for mode, tree_min, how in (("direct", 1 << 30, "call"), ("tree", 2, "call"), ("reduce", 2, "reduce")):
                 use(tree_min, args.fanout)
-                timed(mesh, args.warmup)
-                rows[mode].append(timed(mesh, args.calls))
+                timed(mesh, args.warmup, how=how)
+                rows[mode].append(timed(mesh, args.calls, how=how))
+                quiet(True)
+                work[mode].append(timed(mesh, args.calls, how=how)[1])
+                quiet(False)
             if pool:
                 ns, cpu = raw_fanout(mesh, ranks, args.warmup + args.calls)
                 rows["raw_fanout"].append((summary_us(ns[args.warmup:]), cpu / (args.warmup + args.calls) * 1e6))
@@ -125,7 +147,8 @@ def main() -> None:
                                                cpu / (args.warmup + args.calls) * 1e6))
         results[str(k)] = {
             mode: {"median_us": r(median(s["median_us"] for s, _ in got)),
-                   "controller_cpu_us_per_call": r(median(c for _, c in got))}
+                   "controller_cpu_us_per_call": r(median(c for _, c in got)),
+                   **({"controller_work_us_per_call": r(median(work[mode]))} if work.get(mode) else {})}
             for mode, got in rows.items() if got
         }
         if k == args.big_size:
@@ -148,12 +171,14 @@ def main() -> None:
 
     # The model: a cast and its replies, per process, for N destinations.
     entry = len(pickle.dumps([(r_, (0, r_ + 1), 1) for r_ in range(1000)], protocol=5)) / 1000
-    tree_cpu = {int(k): v["tree"]["controller_cpu_us_per_call"] for k, v in results.items()}
-    direct_cpu = {int(k): v["direct"]["controller_cpu_us_per_call"] for k, v in results.items()}
-    (ta, tb), (da, db) = fit(tree_cpu), fit(direct_cpu)
+    tree_cpu = {int(k): v["tree"]["controller_work_us_per_call"] for k, v in results.items()}
+    direct_cpu = {int(k): v["direct"]["controller_work_us_per_call"] for k, v in results.items()}
+    reduce_cpu = {int(k): v["reduce"]["controller_work_us_per_call"] for k, v in results.items()}
+    (ta, tb), (da, db), (ra, rb) = fit(tree_cpu), fit(direct_cpu), fit(reduce_cpu)
     model = {
         "fanout": args.fanout,
-        "cpu_fit_us": {"tree": [r(ta), r(tb)], "direct": [r(da), r(db)], "form": "a + b * N"},
+        "cpu_fit_us": {"tree": [r(ta), r(tb)], "direct": [r(da), r(db)], "reduce": [r(ra), r(rb)],
+                       "form": "a + b * N", "of": "controller_work_us_per_call"},
         "bytes_per_entry": r(entry),
         "points": {
             str(n): {
@@ -164,13 +189,14 @@ def main() -> None:
                 "controller_header_bytes_tree": r(entry * n),
                 "controller_cpu_us_tree": r(ta + tb * n),
                 "controller_cpu_us_direct": r(da + db * n),
+                "controller_cpu_us_reduce": r(ra + rb * n),
                 "measured_cpu_us_tree": tree_cpu.get(n),
                 "measured_cpu_us_direct": direct_cpu.get(n),
+                "measured_cpu_us_reduce": reduce_cpu.get(n),
             }
             for n in sorted({*tree_cpu, 256, 1024, 4096})
         },
     }
-    one = tree_cpu.get(1)
     record = {
         "bench": "B16",
         "what": "call().get() of a no-op on meshes of N actors: casts to each actor vs down a tree, "
@@ -180,7 +206,10 @@ def main() -> None:
         "sizes": results,
         "large": big,
         "model": model,
-        "target_cpu_ratio_64_over_1": ratio(tree_cpu[64], one) if one and 64 in tree_cpu else None,
+        "target_cpu_ratio_64_over_1": {
+            mode: ratio(cpu[64], cpu[1]) if 1 in cpu and 64 in cpu else None
+            for mode, cpu in (("tree", tree_cpu), ("reduce", reduce_cpu), ("direct", direct_cpu))
+        },
         "baseline": "raw_fanout: mpi4py pickled send to each rank, then recv from each; raw_collective: "
         "bcast + gather on a communicator of the same ranks; raw_bcast: MPI.Bcast of the same bytes + "
         "Barrier; same job, same processes",

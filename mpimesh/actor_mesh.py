@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, Literal, NoReturn, TypeVar, overload
 
 from ._core.calls import MeshRef
+from ._core.folds import Fold, Folded
 from ._core.ports import Gather, Port, Receiver, Stream, gone
 from .actor import EndpointInfo
 from .errors import SupervisionError
@@ -141,6 +142,28 @@ class Endpoint(Generic[R]):
         """Call one actor of the mesh picked at random (load balancing)."""
         return self._send(args, kwargs, f"{self._what}.choose()", random.randrange(len(self._mesh)))
 
+    def reduce(self, op: Callable[[R, R], R], /, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call every actor; the replies are combined with ``op`` on their way back: one value.
+
+        ``mesh.loss.reduce(operator.add, batch)`` is ``sum(mesh.loss.call(batch).get().values())``
+        without the N replies: a call to ``MPIMESH_CAST_TREE_MIN`` actors or
+        more goes down a tree and each process of the tree sends its parent
+        one partial value.  ``op`` must be associative and commutative (as
+        MPI's reduction operators): the tree, not the rank order, decides
+        which replies meet first.  It runs in the actors' processes, so it
+        must pickle (``operator.add``, a module-level function; tensors add
+        in place of their process).  If any actor raises, the future raises
+        the error of the lowest failing rank, as ``call()``.
+
+        Raises:
+            TypeError: ``op`` is not callable or does not pickle, or the
+                arguments do not fit the endpoint.
+        """
+        if not callable(op):
+            raise TypeError(f"{self._what}.reduce() needs a callable op first, got {op!r}; "
+                            f"e.g. {self._what}.reduce(operator.add, *args)")
+        return _fold(self, args, kwargs, Fold(None, None, op, f"{self._what}.reduce()"), "reduce")
+
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Call every actor; yield one future per reply, in arrival order."""
         n = len(self._mesh)
@@ -203,29 +226,54 @@ def send(
     endpoint._send_to(args, dict(kwargs or {}), port, ranks)
 
 
+def _fold(endpoint: Endpoint[Any], args: tuple[Any, ...], kwargs: dict[str, Any], fold: Fold,
+          verb: str) -> Future[Any]:
+    """Call every actor of ``endpoint``'s mesh; the replies folded with ``fold`` (in the tree, if cast down one)."""
+    fut: Future[Any] = Future(f"{endpoint._what}.{verb}()")
+    shape = endpoint._mesh._shape.dense()
+    what = endpoint._what
+    endpoint._send(args, kwargs, lambda addrs: Folded(fut, what, shape, addrs, fold), None)
+    return fut
+
+
 class Accumulator(Generic[R, A]):
     """A left fold over the replies of an endpoint: ``Accumulator(mesh.value, 0, operator.add)``.
 
     :meth:`accumulate` calls every actor (as ``stream()`` does) and folds
-    the replies in their arrival order, starting from ``identity``.
+    the replies in their arrival order, starting from ``identity``: Monarch's
+    semantics, where the caller receives every reply.
+
+    With ``merge`` (combining two partial folds: ``operator.add`` for a sum)
+    the fold runs in the tree of the cast instead (see
+    :meth:`Endpoint.reduce`): each process of the tree folds its subtree's
+    replies into one partial, ``merge`` joins partials, and the caller
+    receives one value per child.  ``combine`` and ``merge`` must then
+    pickle, and the result must not depend on the order replies meet.
     """
 
-    def __init__(self, endpoint: Endpoint[R], identity: A, combine: Callable[[A, R], A]) -> None:
+    def __init__(self, endpoint: Endpoint[R], identity: A, combine: Callable[[A, R], A],
+                 merge: Callable[[A, A], A] | None = None) -> None:
         if not isinstance(endpoint, Endpoint):
             raise TypeError(f"Accumulator needs an endpoint of an actor mesh, got {endpoint!r}; "
                             "e.g. Accumulator(mesh.value, 0, operator.add)")
         if not callable(combine):
             raise TypeError(f"Accumulator combine must be callable, got {combine!r}; e.g. operator.add")
+        if merge is not None and not callable(merge):
+            raise TypeError(f"Accumulator merge must be callable or None, got {merge!r}; e.g. operator.add")
         self._endpoint = endpoint
         self._identity = identity
         self._combine = combine
+        self._fold = None if merge is None else Fold(identity, combine, merge, f"Accumulator({endpoint._what})")
 
     def accumulate(self, *args: Any, **kwargs: Any) -> Future[A]:
         """Call every actor; the future gives ``combine(...combine(identity, r1)..., rN)``.
 
         It fails with the first error to arrive (an endpoint's ``ActorError``,
-        a ``SupervisionError``, or what ``combine`` raised).
+        a ``SupervisionError``, or what ``combine`` raised); with ``merge``,
+        with the error of the lowest failing rank.
         """
+        if self._fold is not None:
+            return _fold(self._endpoint, args, kwargs, self._fold, "accumulate")
         futures = list(self._endpoint.stream(*args, **kwargs))
         result: Future[A] = Future(f"{self._endpoint._what}.accumulate()")
         lock = threading.Lock()

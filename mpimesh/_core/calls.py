@@ -256,7 +256,7 @@ class MeshRef:
             # down a tree (see multicast): at most MPIMESH_CAST_FANOUT messages leave here
             shape = self.shape
             failed = rt.multicast.cast(key, method, payload, sizes, buffers, port, chosen, addrs, shape.labels,
-                                       shape.sizes, waiting, isinstance(waiting, Gather))
+                                       shape.sizes, waiting, 0 if waiting is None else waiting.gather)
             for addr, why in failed:
                 if waiting is None:
                     raise SupervisionError(f"cannot {verb} {what}(): {why}", endpoint=method)

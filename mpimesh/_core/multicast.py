@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .._transport.buffers import copy_buffer, recv_buffer
 from ..config import settings
 from . import protocol
+from .folds import Fold
 from .logs import warn
 from .protocol import Frame, Key, PortRef
 from .relays import KEEP, Relay, lost
@@ -165,18 +166,21 @@ class Multicast:
         #: (sender, cast id) -> a cast whose raw buffers are arriving in PART frames
         self._incoming: dict[tuple[Addr, int], _Incoming] = {}
         self._next_incoming_prune = 64
+        self._folds: dict[bytes, Fold] = {}
 
     # --- caller -------------------------------------------------------------------------------------
 
     def cast(
         self, key: Key, method: str, payload: Any, sizes: tuple[int, ...] | None, buffers: list[Any],
         port: PortRef | None, ranks: Sequence[int], addrs: Sequence[Addr], labels: tuple[str, ...],
-        extent: tuple[int, ...], waiting: Receiver | None, gather: bool,
+        extent: tuple[int, ...], waiting: Receiver | None, gather: int | bytes,
     ) -> list[tuple[Addr, str]]:
         """Send one call to the actors at ``addrs`` (ranks ``ranks`` of the view) down a tree.
 
-        ``gather``: the replies come up the tree (``_core.relays``), at most
-        one message per child of this process; else each comes straight here.
+        ``gather``: ``GATHER``: the replies come up the tree
+        (``_core.relays``), at most one message per child of this process;
+        a pickled fold: they are folded on the way (``_core.folds``);
+        ``DIRECT``: each comes straight here.
 
         Returns:
             The ``(address, report)`` of each child that could not be reached
@@ -336,9 +340,10 @@ class Multicast:
         rank, _, number = entries[0]
         rest = entries[1:]
         parts = split(rest, fanout) if rest else []
-        if gather == GATHER and port is not None:
+        if (gather == GATHER or type(gather) is bytes) and port is not None:
             # this subtree's replies meet here: the actor's and one message per child
-            relay = Relay(self.rt, f"{method} relay", port, [part[0][1] for part in parts])
+            fold = None if gather == GATHER else self._fold(gather)
+            relay = Relay(self.rt, f"{method} relay", port, [part[0][1] for part in parts], fold)
             port = (self.rt.addr, self.rt.ports.open(relay))
             frame = (*frame[:_PORT], port, *frame[_PORT + 1:])
             with self._lock:
@@ -377,6 +382,15 @@ class Multicast:
                 mine = [copy_buffer(b) for b in buffers]
         call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
         self._in_order(sender, number, call, mine)
+
+    def _fold(self, wire: bytes) -> Fold:
+        # the folds of recent casts, unpickled once each (a training loop reduces with the same few)
+        fold = self._folds.get(wire)
+        if fold is None:
+            if len(self._folds) >= 16:
+                self._folds.clear()
+            fold = self._folds[wire] = Fold.load(wire)
+        return fold
 
     def on_part(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """PART: forward a piece of a cast's raw buffer, copy it into place; the last one delivers the call."""

@@ -76,6 +76,9 @@ class Receiver:
     #: processes that still owe a reply (for failure propagation); each
     #: receiver removes the ones that answered or failed
     pending: set[Addr] | tuple[Addr]
+    #: how the replies of a cast down a tree travel to it (``_core.multicast``):
+    #: 0 each straight here, 1 gathered up the tree, bytes: folded on the way (``_core.folds``)
+    gather: int | bytes = 0
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         """Take one reply; return True when the port can close."""
@@ -90,7 +93,7 @@ class Receiver:
         return SupervisionError(gone(self.what, where, report), endpoint=self.what)
 
 
-def _describe(shape: Shape, rank: int) -> str:
+def point_text(shape: Shape, rank: int) -> str:
     # the rank as Monarch prints a point: {'gpus': 1/2}; nothing for a mesh of no dimension
     return str(shape.point(rank)) if shape.labels else ""
 
@@ -145,7 +148,7 @@ class OneReply(Future[Any], Receiver):
 
     def fail(self, addr: Addr, report: str) -> bool:
         if not self.done():
-            where = _describe(self.shape, self.rank) if self.shape is not None else ""
+            where = point_text(self.shape, self.rank) if self.shape is not None else ""
             self.set_exception(self.error(report, where))
         return True
 
@@ -156,6 +159,8 @@ class Gather(Receiver):
     When every point has answered, the future gets the ValueMesh, or the
     exception of the lowest failing rank (Monarch's rule).
     """
+
+    gather = 1
 
     def __init__(
         self, future: Future[Any], what: str, shape: Shape, sources: Iterable[Addr], *, values: bool = True
@@ -191,7 +196,7 @@ class Gather(Receiver):
         self.pending.discard(addr)
         for index, source in enumerate(self._sources):
             if source == addr and index not in self.errors:
-                self.errors[index] = self.error(report, _describe(self.shape, index))
+                self.errors[index] = self.error(report, point_text(self.shape, index))
                 self.count += 1
         if self.count >= self.n:
             self._finish()
@@ -238,7 +243,7 @@ class Stream(Receiver):
         self.next += 1
         where = ""
         if self.shape is not None and addr in self._sources:
-            where = _describe(self.shape, self._sources.index(addr))
+            where = point_text(self.shape, self._sources.index(addr))
         fut.set_exception(self.error(report, where))
         return self.next >= len(self.futures)
 

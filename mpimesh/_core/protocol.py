@@ -268,7 +268,7 @@ _declare(_CAST, "CAST", "sender key method args reply_port labels extent fanout 
 
 
 def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, args: Any, reply_port: PortRef | None,
-         labels: tuple[str, ...], extent: tuple[int, ...], fanout: int, gather: int,
+         labels: tuple[str, ...], extent: tuple[int, ...], fanout: int, gather: int | bytes,
          stream: tuple[int, tuple[int, ...]] | None, entries: tuple[Any, ...]) -> Frame:
     """Any -> actors down a tree: one CALL for each of ``entries``, ``(rank, address, sequence)``.
 
@@ -277,7 +277,8 @@ def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, 
     ``extent`` are the addressed view's, so each entry's message point is
     ``(rank, labels, extent)``.  ``gather``: how replies travel to
     ``reply_port``, each straight there (0), up the tree (1, see
-    ``_core.relays``) or straight there for a resend (2).  ``stream``:
+    ``_core.relays``), straight there for a resend (2), or folded on the
+    way up (a pickled ``_core.folds.Fold``).  ``stream``:
     ``None`` when the raw buffers ride with this frame, else ``(cast id,
     buffer sizes)``: they follow in PART frames.  ``entries`` comes last: a
     forwarder replaces it (and ``reply_port``, when gathering).

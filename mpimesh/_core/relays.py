@@ -15,6 +15,9 @@ death, casts the call again to that subtree with replies sent straight to
 it (``_core.multicast``); a process that has run the call already answers
 the resend from its relay, which keeps its own reply for :data:`KEEP`
 seconds (:meth:`Relay.redirect`), and reports the reply lost after that.
+
+A relay of a fold (``_core.folds``) sends one partial value instead of the
+replies: its subtree's replies combined as they arrive.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .ports import Receiver
+from .folds import Fold, Partial
+from .ports import Receiver, unpack
 from .protocol import Frame, Kind, PortRef, Status
 
 if TYPE_CHECKING:
@@ -49,11 +53,14 @@ class Relay(Receiver):
         rt: this process's runtime.
         parent: the port the subtree's replies go to (the parent's relay, or the caller's port).
         children: the first address of each part this process forwarded to.
+        fold: combine the replies into one partial on the way (None: pass them on).
     """
 
-    __slots__ = ("rt", "what", "pending", "parent", "items", "buffers", "own", "direct", "opened", "pid", "done")
+    __slots__ = ("rt", "what", "pending", "parent", "items", "buffers", "own", "direct", "opened", "pid", "done",
+                 "partial")
 
-    def __init__(self, rt: Runtime, what: str, parent: PortRef, children: list[Addr]) -> None:
+    def __init__(self, rt: Runtime, what: str, parent: PortRef, children: list[Addr],
+                 fold: Fold | None = None) -> None:
         self.rt = rt
         self.what = what
         # its own reply (from this process) and one message per child
@@ -67,21 +74,30 @@ class Relay(Receiver):
         self.opened = time.monotonic()
         self.pid = 0
         self.done = False
+        self.partial = None if fold is None else Partial(fold, what.partition(" ")[0], rt.host)
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         """This process's actor answered: its reply joins the subtree's."""
         item = (index, status, body, len(buffers), src)
         self.own = (item, buffers)
-        self.items.append(item)
-        self.buffers.extend(buffers)
+        if self.partial is not None:
+            self.partial.add(item, buffers)
+        else:
+            self.items.append(item)
+            self.buffers.extend(buffers)
         if self.direct is not None:
             self._send_own(self.direct)
         return self._settle(src)
 
     def deliver_many(self, src: Addr, body: list[Item], buffers: list[Any]) -> bool:
-        """A child's message: its subtree's replies."""
-        self.items.extend(body)
-        self.buffers.extend(buffers)
+        """A child's message: its subtree's replies (or their partial)."""
+        partial = self.partial
+        if partial is not None:
+            for item, parts in unpack(body, buffers):
+                partial.add(item, parts)
+        else:
+            self.items.extend(body)
+            self.buffers.extend(buffers)
         return self._settle(src)
 
     def fail(self, addr: Addr, report: str) -> bool:
@@ -94,7 +110,11 @@ class Relay(Receiver):
         if pending or self.done:
             return False
         self.done = True
-        frame: Frame = (_REPLY, tuple(b.nbytes for b in self.buffers) or None, self.parent[1], -1, MANY,
+        if self.partial is not None:
+            item, parts = self.partial.item(self.rt.addr)
+            self.items, self.buffers = [item], parts
+            self.partial = None
+        frame: Frame = (_REPLY, tuple(memoryview(b).nbytes for b in self.buffers) or None, self.parent[1], -1, MANY,
                         self.items)
         self._send(self.parent[0], frame, self.buffers)
         self.items, self.buffers = [], []

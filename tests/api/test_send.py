@@ -1,4 +1,8 @@
-"""Monarch's ``send`` primitive and ``Accumulator``: replies routed to a port, a fold over the replies."""
+"""Monarch's ``send`` primitive and ``Accumulator``: replies routed to a port, a fold over the replies.
+
+``endpoint.reduce`` and ``Accumulator(..., merge=...)`` fold in the cast's tree when there is one
+(the suite's tree run, ``MPIMESH_CAST_TREE_MIN=2``), on the caller otherwise: same results.
+"""
 
 from __future__ import annotations
 
@@ -129,6 +133,35 @@ def test_accumulator_fails_with_the_first_error(numbers: object) -> None:
         Accumulator(numbers.value, 0, bad).accumulate().get(30)  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match=r"^Accumulator combine must be callable, got 1; "):
         Accumulator(numbers.value, 0, 1)  # type: ignore[attr-defined, arg-type]
+
+
+def test_reduce_and_accumulator_with_merge_fold_in_the_tree(numbers: object) -> None:
+    """One value for the whole mesh; a tree cast (MPIMESH_CAST_TREE_MIN) folds it on the way up."""
+    assert numbers.value.reduce(operator.add, 3).get(30) == 9  # type: ignore[attr-defined]
+    assert numbers.value.reduce(max).get(30) == 2  # type: ignore[attr-defined]
+    fold = Accumulator(numbers.value, (), lambda acc, x: (*acc, x), merge=operator.add)  # type: ignore[attr-defined]
+    assert sorted(fold.accumulate(10).get(30)) == [10, 20]
+    with pytest.raises(ActorError, match="boom at 1") as info:
+        numbers.fail_on.reduce(operator.add, 1).get(30)  # type: ignore[attr-defined]
+    assert info.value.rank == 1
+
+
+def test_reduce_misuse_names_the_fix(numbers: object) -> None:
+    import threading
+
+    with pytest.raises(TypeError, match=r"^numbers\.value\.reduce\(\) needs a callable op first, got 3; "):
+        numbers.value.reduce(3)  # type: ignore[attr-defined]
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"^Accumulator\(numbers\.value\): the fold cannot be pickled "):
+        Accumulator(numbers.value, lock, operator.add, merge=operator.add)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"^Accumulator merge must be callable or None, got 1; "):
+        Accumulator(numbers.value, 0, operator.add, merge=1)  # type: ignore[attr-defined, arg-type]
+
+    def bad(a: int, b: int) -> int:
+        raise ZeroDivisionError("in merge")
+
+    with pytest.raises(ActorError, match="in merge"):
+        numbers.value.reduce(bad).get(30)  # type: ignore[attr-defined]
 
 
 def test_current_actor_name_is_the_actors_unique_id(numbers: object) -> None:
