@@ -40,6 +40,7 @@ from typing import Any
 from _actors import Bench, describe_job, raw_collective, raw_fanout
 from _common import emit, median, r, ratio, summary_us, watchdog
 
+import mpimesh._core.progress as _progress
 from mpimesh import this_host
 from mpimesh._core.current import current
 from mpimesh._core.multicast import split
@@ -52,14 +53,53 @@ def use(tree_min: int, fanout: int) -> None:
     object.__setattr__(settings, "cast_fanout", fanout)
 
 
-def quiet(on: bool) -> None:
-    """The controller waits without spinning (benchmark only): its CPU per call is then its work.
+class Meter:
+    """The controller's work per call: issuing it, and the polls that received something (benchmark only).
 
-    A waiting thread spins ``MPIMESH_SPIN_US`` after each message (a latency
-    choice); with 64 oversubscribed workers a call takes milliseconds, so the
-    spin, not the call, would fill the controller's CPU time.
+    A waiting thread spins after each message (``MPIMESH_SPIN_US``, a latency
+    choice), and with 64 workers oversubscribed on a few cores a call takes
+    milliseconds: the spin, not the call, would fill the CPU time.  While a
+    meter is on, the progress engine polls with no probe inside MPI (each
+    poll returns at once, ``progress._SPIN_CHUNK = 0``) and the meter adds up
+    the thread CPU time of every poll that received frames (receiving,
+    unpickling, dispatching, settling the future); :func:`worked` adds the
+    CPU time of issuing each call.  Polls that found nothing, and the waiting
+    loop around them, are left out.
     """
-    object.__setattr__(current().progress, "_spin", 0.0 if on else settings.spin_us * 1e-6)
+
+    def __init__(self) -> None:
+        self.engine = current().progress
+        self.poll = self.engine._poll
+        self.busy = 0.0
+        self.chunk = _progress._SPIN_CHUNK
+
+    def __enter__(self) -> Meter:
+        _progress._SPIN_CHUNK = 0.0
+        object.__setattr__(self.engine, "_poll", self._metered)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        object.__setattr__(self.engine, "_poll", self.poll)
+        _progress._SPIN_CHUNK = self.chunk
+
+    def _metered(self, spin: float = 0.0) -> int:
+        t0 = time.thread_time()
+        handled: int = self.poll(spin)
+        if handled:
+            self.busy += time.thread_time() - t0
+        return handled
+
+
+def worked(mesh: Any, n: int, how: str) -> float:
+    """The controller's work (µs of CPU, waiting excluded) per call, over ``n`` calls (see :class:`Meter`)."""
+    issue = 0.0
+    with Meter() as meter:
+        for _ in range(n):
+            t0 = time.thread_time()
+            fut = mesh.noop.reduce(operator.add, 1) if how == "reduce" else mesh.noop.call(1)
+            issue += time.thread_time() - t0
+            fut.get(120)
+    return (issue + meter.busy) / n * 1e6
 
 
 def timed(mesh: Any, n: int, *args: Any, how: str = "call") -> tuple[dict[str, float], float]:
@@ -136,9 +176,7 @@ def main() -> None:
                 use(tree_min, args.fanout)
                 timed(mesh, args.warmup, how=how)
                 rows[mode].append(timed(mesh, args.calls, how=how))
-                quiet(True)
-                work[mode].append(timed(mesh, args.calls, how=how)[1])
-                quiet(False)
+                work[mode].append(worked(mesh, args.calls, how))
             if pool:
                 ns, cpu = raw_fanout(mesh, ranks, args.warmup + args.calls)
                 rows["raw_fanout"].append((summary_us(ns[args.warmup:]), cpu / (args.warmup + args.calls) * 1e6))

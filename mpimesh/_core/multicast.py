@@ -108,7 +108,7 @@ class _Logged(NamedTuple):
     buffers: list[Any]
     nbytes: int
     #: its destinations
-    addrs: frozenset[Addr]
+    addrs: Sequence[Addr]
     #: the subtrees the caller sent (their first entries are its children)
     subtrees: list[Sequence[Entry]]
     #: the replies' receiver (a call), or None (a broadcast)
@@ -167,6 +167,8 @@ class Multicast:
         self._incoming: dict[tuple[Addr, int], _Incoming] = {}
         self._next_incoming_prune = 64
         self._folds: dict[bytes, Fold] = {}
+        #: (id of a view's address list, fan-out, dead count) -> (that list, its subtrees as positions)
+        self._shapes: dict[tuple[int, int, int], tuple[Sequence[Addr], list[slice | list[int]]]] = {}
 
     # --- caller -------------------------------------------------------------------------------------
 
@@ -191,20 +193,22 @@ class Multicast:
         dead = rt.dead
         with self._lock:
             sent = self.sent
-            entries: list[Entry] = []
-            for rank, addr in zip(ranks, addrs, strict=True):
-                number = sent.get(addr, 0) + 1
-                sent[addr] = number
-                entries.append((rank, addr, number))
+            get = sent.get
+            numbers = [get(addr, 0) + 1 for addr in addrs]
+            sent.update(zip(addrs, numbers, strict=True))
+            entries = list(zip(ranks, addrs, numbers, strict=True))
             me = rt.addr
-            nbytes = sum(memoryview(b).nbytes for b in buffers)
+            nbytes = sum(memoryview(b).nbytes for b in buffers) if buffers else 0
             # A large argument goes down a binary tree in pieces: each process
             # forwards a piece while the next arrives (pipelined chains).
             streamed = nbytes >= STREAM_MIN
             fanout = 2 if streamed else settings.cast_fanout
             frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, gather, None, ())
-            subtrees = plan([e for e in entries if e[1] not in dead], fanout)
-            self._log.append(_Logged(frame, buffers, nbytes, frozenset(addrs), subtrees, waiting, time.monotonic()))
+            subtrees: list[Sequence[Entry]] = [
+                entries[part] if isinstance(part, slice) else [entries[i] for i in part]
+                for part in self._shape(addrs, fanout, dead)
+            ]
+            self._log.append(_Logged(frame, buffers, nbytes, addrs, subtrees, waiting, time.monotonic()))
             self._casts_sent += 1
             if len(self._log) >= self._next_prune:
                 self._prune()
@@ -219,6 +223,26 @@ class Multicast:
         if streamed:
             self._stream(me, cid, buffers, children)
         return failed
+
+    def _shape(self, addrs: Sequence[Addr], fanout: int, dead: dict[Addr, str]) -> list[slice | list[int]]:
+        """The subtrees of a cast to ``addrs`` as positions in it: slices, or lists where islands interleave.
+
+        A view's tree changes only with the fan-out and the dead, so casts to
+        one view (its list of addresses, kept by its ``MeshRef``) reuse it.
+        """
+        key = (id(addrs), fanout, len(dead))
+        cached = self._shapes.get(key)
+        if cached is not None and cached[0] is addrs:
+            return cached[1]
+        places = [(i, addr, 0) for i, addr in enumerate(addrs) if addr not in dead]
+        parts: list[slice | list[int]] = []
+        for part in plan(places, fanout):
+            idx = [e[0] for e in part]
+            parts.append(slice(idx[0], idx[-1] + 1) if idx[-1] - idx[0] + 1 == len(idx) else idx)
+        if len(self._shapes) >= 64:
+            self._shapes.clear()
+        self._shapes[key] = (addrs, parts)
+        return parts
 
     def _stream(self, sender: Addr, cid: int, buffers: list[Any], children: list[Addr]) -> None:
         """Send cast ``cid``'s raw buffers to ``children`` in PART frames of at most ``PIECE`` bytes."""
@@ -296,9 +320,9 @@ class Multicast:
                 if cast.waiting.pending:
                     kept.appendleft(cast)
                 else:
-                    answered |= cast.addrs
+                    answered.update(cast.addrs)
                 continue
-            if cast.sent < horizon or cast.addrs <= answered:
+            if cast.sent < horizon or answered.issuperset(cast.addrs):
                 continue
             if cast.buffers and total + cast.nbytes > _RETAIN_BYTES:
                 cast = cast._replace(buffers=[])

@@ -192,6 +192,30 @@ class Gather(Receiver):
             return True
         return False
 
+    def deliver_many(self, src: Addr, body: list[Any], buffers: list[Any]) -> bool:
+        """A relay's message: the replies of a subtree, taken in one pass (``relays``)."""
+        pending, arrived, errors, results = self.pending, self.arrived, self.errors, self.results
+        at = 0
+        for index, status, one, n, source in body:
+            pending.discard(source)
+            parts = buffers[at:at + n] if n else []
+            at += n
+            if index in arrived or index in errors:
+                continue  # twice: once up a cast's tree, once from a resend
+            arrived.add(index)
+            if status == _VALUE:
+                results[index] = one
+            else:
+                try:
+                    results[index] = decode(status, one, parts, self.what)
+                except BaseException as exc:
+                    errors[index] = exc
+            self.count += 1
+        if self.count >= self.n:
+            self._finish()
+            return True
+        return False
+
     def fail(self, addr: Addr, report: str) -> bool:
         self.pending.discard(addr)
         for index, source in enumerate(self._sources):
