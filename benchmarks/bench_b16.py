@@ -41,7 +41,7 @@ from _actors import Bench, describe_job, raw_collective, raw_fanout
 from _common import emit, median, r, ratio, summary_us, watchdog
 
 import mpimesh._core.progress as _progress
-from mpimesh import this_host
+from mpimesh import host_mesh, this_host
 from mpimesh._core.current import current
 from mpimesh._core.multicast import split
 from mpimesh.config import settings
@@ -155,6 +155,8 @@ def main() -> None:
     ap.add_argument("--big-size", type=int, default=16)
     ap.add_argument("--big-mib", type=int, default=64)
     ap.add_argument("--big-calls", type=int, default=5)
+    ap.add_argument("--hosts", action="store_true",
+                    help="spread each mesh over every host of the job (host_mesh()), not the controller's")
     args = ap.parse_args()
     watchdog(float(os.environ.get("BENCH_WATCHDOG_S", "1500")))
 
@@ -163,7 +165,13 @@ def main() -> None:
     big: dict[str, Any] = {}
     job = None
     for k in sizes:
-        procs = this_host().spawn_procs(per_host={"gpus": k})
+        if args.hosts:
+            # every host of the job takes an equal share: the trees span the hosts
+            hosts = host_mesh()
+            per = max(1, k // len(hosts))
+            procs = hosts.spawn_procs(per_host={"gpus": per})
+        else:
+            procs = this_host().spawn_procs(per_host={"gpus": k})
         mesh = procs.spawn(f"b16_{k}", Bench)
         infos = mesh.info.call().get(300).values()
         job = describe_job(infos)

@@ -783,9 +783,15 @@ print("END", flush=True)
 '''
 
 
-@pytest.mark.parametrize("fault", CRASHES)
-@pytest.mark.parametrize("launch", [*LAUNCHES, "pool_no_room"])
-def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) -> None:
+#: Every cast down a tree: the controller sends to rank 0, which forwards to rank 1 (issue #16).
+TREE = {"MPIMESH_CAST_TREE_MIN": "2", "MPIMESH_CAST_FANOUT": "1"}
+
+
+@pytest.mark.parametrize(("fault", "launch", "tree"), [
+    *((fault, launch, False) for fault in CRASHES for launch in (*LAUNCHES, "pool_no_room")),
+    *((fault, launch, True) for fault in ("exit1", "sigkill") for launch in LAUNCHES),
+], ids=lambda v: {False: "direct", True: "tree"}.get(v, v) if isinstance(v, bool) else v)
+def test_healthy_slices_keep_working(launch: str, fault: str, tree: bool, tmp_path: Path) -> None:
     """After one process of a 2-process mesh dies, its half fails at once and the other half keeps serving.
 
     However it dies, and however the mesh was made: launch-pool ranks, one
@@ -793,12 +799,14 @@ def test_healthy_slices_keep_working(launch: str, fault: str, tmp_path: Path) ->
     ``mpiexec``'s runtime (a pool without room).  Spawned, the two processes
     are one MPI job, which Open MPI's runtime used to end with its first
     dead member (issue #3: ``_controller.SPAWN_RECOVERY``, ``_launcher.ULFM_RUNTIME``).
+    ``tree``: the same with the whole-mesh calls cast down a tree whose
+    forwarder is the healthy rank (``_core.multicast``).
     """
     needs_ulfm()
     needs_job_status(fault, launch)
     path = tmp_path / "job.py"
     path.write_text(SLICES)
-    job = run_job(job_cmd(launch, path, fault, n=3), timeout=60)
+    job = run_job(job_cmd(launch, path, fault, n=3), timeout=60, env=TREE if tree else None)
     rows = job.rows
     assert "hook" in rows, job.describe()
     pids = rows["pids"]["value"]
