@@ -162,7 +162,7 @@ class Endpoint(Generic[R]):
         if not callable(op):
             raise TypeError(f"{self._what}.reduce() needs a callable op first, got {op!r}; "
                             f"e.g. {self._what}.reduce(operator.add, *args)")
-        return _fold(self, args, kwargs, Fold(None, None, op, f"{self._what}.reduce()"), "reduce")
+        return _fold(self, args, kwargs, _reducer(op, f"{self._what}.reduce()"), "reduce")
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Call every actor; yield one future per reply, in arrival order."""
@@ -224,6 +224,21 @@ def send(
         raise TypeError(f"send() args must be a tuple, got {args!r}; e.g. send({endpoint._what}, (x,))")
     ranks = [random.randrange(len(endpoint._mesh))] if selection == "choose" else None
     endpoint._send_to(args, dict(kwargs or {}), port, ranks)
+
+
+#: op -> the Fold of ``endpoint.reduce(op)``: pickled once per op, not per call (a loop reduces with a few)
+_REDUCERS: dict[int, tuple[Callable[[Any, Any], Any], Fold]] = {}
+
+
+def _reducer(op: Callable[[Any, Any], Any], what: str) -> Fold:
+    cached = _REDUCERS.get(id(op))
+    if cached is not None and cached[0] is op:
+        return cached[1]
+    fold = Fold(None, None, op, what)
+    if len(_REDUCERS) >= 32:
+        _REDUCERS.clear()
+    _REDUCERS[id(op)] = (op, fold)
+    return fold
 
 
 def _fold(endpoint: Endpoint[Any], args: tuple[Any, ...], kwargs: dict[str, Any], fold: Fold,

@@ -364,11 +364,13 @@ class Multicast:
         rank, _, number = entries[0]
         rest = entries[1:]
         parts = split(rest, fanout) if rest else []
+        relay: Relay | None = None
         if (gather == GATHER or type(gather) is bytes) and port is not None:
-            # this subtree's replies meet here: the actor's and one message per child
+            # this subtree's replies meet here: the actor's and one message per child reached
             fold = None if gather == GATHER else self._fold(gather)
-            relay = Relay(self.rt, f"{method} relay", port, [part[0][1] for part in parts], fold)
-            port = (self.rt.addr, self.rt.ports.open(relay))
+            relay = Relay(self.rt, f"{method} relay", port, fold)
+            relay.pid = self.rt.ports.open(relay)
+            port = (self.rt.addr, relay.pid)
             frame = (*frame[:_PORT], port, *frame[_PORT + 1:])
             with self._lock:
                 self._relays[sender, number] = relay
@@ -382,13 +384,17 @@ class Multicast:
                 earlier.redirect(port)
             elif delivered:
                 lost(self.rt, port, rank, method)
+        # the processes this one sends to: the first of each part, or, around
+        # a dead one, the first of each of its parts (``_send``)
+        children: list[Addr] = []
         if stream is not None:
             # the raw buffers follow in PART frames: forward each as it comes
             cid, sizes = stream
-            children: list[Addr] = []
             for part in parts:
                 self._send(frame, part, [], children)
             self._forwarded += bool(parts)
+            if relay is not None:
+                relay.arm(children)
             call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
             incoming = _Incoming(children, [recv_buffer(n) for n in sizes], sum(sizes), call, number)
             with self._lock:
@@ -400,10 +406,12 @@ class Multicast:
         if parts:
             self._forwarded += 1
             for part in parts:
-                self._send(frame, part, buffers)
+                self._send(frame, part, buffers, children)
             if buffers:
                 # the children's sends still read these: the actor gets its own
                 mine = [copy_buffer(b) for b in buffers]
+        if relay is not None:
+            relay.arm(children)
         call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
         self._in_order(sender, number, call, mine)
 

@@ -22,6 +22,7 @@ replies: its subtree's replies combined as they arrive.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -49,22 +50,26 @@ KEEP = 60.0
 class Relay(Receiver):
     """The replies of one process's subtree of a cast, on their way to the parent.
 
+    It waits for its own process's reply and one message from each child
+    that the cast reached, given by :meth:`arm` once the cast is forwarded
+    (until then it sends nothing up): a child found dead while forwarding
+    is not waited for, its parts' first processes are.
+
     Args:
         rt: this process's runtime.
+        what: what it gathers, for errors.
         parent: the port the subtree's replies go to (the parent's relay, or the caller's port).
-        children: the first address of each part this process forwarded to.
         fold: combine the replies into one partial on the way (None: pass them on).
     """
 
     __slots__ = ("rt", "what", "pending", "parent", "items", "buffers", "own", "direct", "opened", "pid", "done",
-                 "partial")
+                 "partial", "armed", "heard", "lock")
 
-    def __init__(self, rt: Runtime, what: str, parent: PortRef, children: list[Addr],
-                 fold: Fold | None = None) -> None:
+    def __init__(self, rt: Runtime, what: str, parent: PortRef, fold: Fold | None = None) -> None:
         self.rt = rt
         self.what = what
-        # its own reply (from this process) and one message per child
-        self.pending: set[Addr] = {rt.addr, *children}
+        # its own reply (from this process) and, once armed, one message per child
+        self.pending: set[Addr] = {rt.addr}
         self.parent = parent
         self.items: list[Item] = []
         self.buffers: list[Any] = []
@@ -75,49 +80,71 @@ class Relay(Receiver):
         self.pid = 0
         self.done = False
         self.partial = None if fold is None else Partial(fold, what.partition(" ")[0], rt.host)
+        self.armed = False
+        #: who was heard from before the relay was armed
+        self.heard: set[Addr] = set()
+        self.lock = threading.Lock()
+
+    def arm(self, children: list[Addr]) -> None:
+        """The cast reached ``children``: wait for one message from each (not from one known dead)."""
+        with self.lock:
+            self.pending.update(a for a in children if a not in self.heard)
+            self.armed = True
+        # A child declared dead before it was added above was never failed here
+        # (``PortTable.fail_source`` looks in ``pending``): drop it now.
+        dead = self.rt.dead
+        with self.lock:
+            self.pending.difference_update([a for a in children if a in dead])
+        if self._settle(None):
+            self.rt.ports.close(self.pid)
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         """This process's actor answered: its reply joins the subtree's."""
         item = (index, status, body, len(buffers), src)
-        self.own = (item, buffers)
-        if self.partial is not None:
-            self.partial.add(item, buffers)
-        else:
-            self.items.append(item)
-            self.buffers.extend(buffers)
+        with self.lock:
+            self.own = (item, buffers)
+            if self.partial is not None:
+                self.partial.add(item, buffers)
+            else:
+                self.items.append(item)
+                self.buffers.extend(buffers)
         if self.direct is not None:
             self._send_own(self.direct)
         return self._settle(src)
 
     def deliver_many(self, src: Addr, body: list[Item], buffers: list[Any]) -> bool:
         """A child's message: its subtree's replies (or their partial)."""
-        partial = self.partial
-        if partial is not None:
-            for item, parts in unpack(body, buffers):
-                partial.add(item, parts)
-        else:
-            self.items.extend(body)
-            self.buffers.extend(buffers)
+        with self.lock:
+            partial = self.partial
+            if partial is not None:
+                for item, parts in unpack(body, buffers):
+                    partial.add(item, parts)
+            else:
+                self.items.extend(body)
+                self.buffers.extend(buffers)
         return self._settle(src)
 
     def fail(self, addr: Addr, report: str) -> bool:
         """A child died: its subtree answers the caller directly (the caller resends to it)."""
         return self._settle(addr)
 
-    def _settle(self, src: Addr) -> bool:
-        pending = self.pending
-        pending.discard(src)
-        if pending or self.done:
-            return False
-        self.done = True
-        if self.partial is not None:
-            item, parts = self.partial.item(self.rt.addr)
-            self.items, self.buffers = [item], parts
-            self.partial = None
-        frame: Frame = (_REPLY, tuple(memoryview(b).nbytes for b in self.buffers) or None, self.parent[1], -1, MANY,
-                        self.items)
-        self._send(self.parent[0], frame, self.buffers)
-        self.items, self.buffers = [], []
+    def _settle(self, src: Addr | None) -> bool:
+        with self.lock:
+            if src is not None:
+                self.pending.discard(src)
+                if not self.armed:
+                    self.heard.add(src)
+            if self.pending or self.done or not self.armed:
+                return False
+            self.done = True
+            if self.partial is not None:
+                item, parts = self.partial.item(self.rt.addr)
+                self.items, self.buffers = [item], parts
+                self.partial = None
+            items, buffers = self.items, self.buffers
+            self.items, self.buffers = [], []
+        frame: Frame = (_REPLY, tuple(memoryview(b).nbytes for b in buffers) or None, self.parent[1], -1, MANY, items)
+        self._send(self.parent[0], frame, buffers)
         return True
 
     def redirect(self, port: PortRef) -> None:
