@@ -32,7 +32,6 @@ from .protocol import CONTROLLER, Frame, Key
 if TYPE_CHECKING:
     from .._transport.bell import Ringer
     from ..shape import Shape
-    from .multicast import Multicast
     from .ports import PortTable
 
 __all__ = ["Failures", "Owned", "Owner", "Role"]
@@ -43,6 +42,14 @@ Addr = tuple[int, int]
 # about first (a worker: the controller's DEAD notice; the controller: its
 # pidfd), before failing its waits with ULFM's poorer message.
 _MPI_REPORT_GRACE = 0.2
+
+
+class Rerouter(Protocol):
+    """What re-routes casts around a dead process (``_core.multicast.Multicast``)."""
+
+    def dead(self, addr: Addr) -> None:
+        """``addr`` has died: resend what it was to forward."""
+        ...
 
 
 class Owner(Protocol):
@@ -122,7 +129,7 @@ class Process(Protocol):
     def ringer(self) -> Ringer | None: ...
 
     @property
-    def multicast(self) -> Multicast: ...
+    def multicast(self) -> Rerouter: ...
 
     def send(self, dest: Addr, frame: Frame) -> None: ...
 

@@ -251,7 +251,7 @@ class Multicast:
             view = memoryview(buf).cast("B")
             for offset in range(0, view.nbytes, PIECE):
                 piece = view[offset:offset + PIECE]
-                frame = protocol.part(sender, cid, index, offset, piece.nbytes)
+                frame = protocol.part((piece.nbytes,), sender, cid, index, offset)
                 for child in children:
                     try:
                         send(child, frame, [piece])

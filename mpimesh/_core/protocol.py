@@ -289,14 +289,14 @@ def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, 
 _declare(_PART, "PART", "sender cast index offset", "_core.multicast.Multicast.on_part")
 
 
-def part(sender: Addr, cast: int, index: int, offset: int, nbytes: int) -> Frame:
-    """Any -> a cast's tree: ``nbytes`` bytes of raw buffer ``index`` of cast ``cast``, from ``offset`` on.
+def part(bufsizes: tuple[int], sender: Addr, cast: int, index: int, offset: int) -> Frame:
+    """Any -> a cast's tree: ``bufsizes[0]`` bytes of raw buffer ``index`` of cast ``cast``, from ``offset`` on.
 
     The bytes ride as this frame's one raw buffer; each process forwards
     them to the processes it forwarded the cast to, so a large argument is
     pipelined down the tree instead of crossing it one hop after another.
     """
-    return (_PART, (nbytes,), sender, cast, index, offset)
+    return (_PART, bufsizes, sender, cast, index, offset)
 
 
 _declare(_SEQ, "SEQ", "sender sequence inner", "_core.multicast.Multicast.on_seq")

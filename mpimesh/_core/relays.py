@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .folds import Fold, Partial
-from .ports import Receiver, unpack
+from .ports import PortTable, Receiver, unpack
 from .protocol import Frame, Kind, PortRef, Status
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 __all__ = ["KEEP", "MANY", "Relay", "lost"]
 
@@ -45,6 +42,24 @@ _REPLY = Kind.REPLY
 MANY = Status.MANY
 #: Seconds a relay keeps its own process's reply, to answer a resend.
 KEEP = 60.0
+
+
+class _Sender(Protocol):
+    def send(self, dest: Addr, frame: Frame, buffers: list[Any] = ...) -> None: ...
+
+
+class Runtime(Protocol):
+    """What a relay needs of its process's runtime (``_core.runtime.Runtime``)."""
+
+    addr: Addr
+    host: str
+    dead: dict[Addr, str]
+    ports: PortTable
+
+    @property
+    def router(self) -> _Sender: ...
+
+    def reply(self, port: PortRef, index: int, status: int, value: Any) -> None: ...
 
 
 class Relay(Receiver):
