@@ -127,7 +127,7 @@ class Partial:
             at = 0
             if vstatus != _EMPTY:
                 n = item[3] - sum(e[3] for e in errors)
-                self._merge(covered[0], lambda: _value(vstatus, vbody, buffers[:n], self.what), leaf=False)
+                self._merge(covered[0], lambda: _value(vstatus, vbody, buffers[:n]), leaf=False)
                 at = n
             for error in errors:
                 self.errors.append(error)
@@ -136,7 +136,7 @@ class Partial:
             return
         self.covered.append(index)
         if status in (_OK, _VALUE):
-            self._merge(index, lambda: _value(status, body, buffers, self.what), leaf=True)
+            self._merge(index, lambda: _value(status, body, buffers), leaf=True)
         else:
             self.errors.append((index, status, body, len(buffers)))
             self.error_buffers.extend(buffers)
@@ -171,7 +171,8 @@ class Partial:
         return (-1, PARTIAL, body, len(buffers), addr), buffers
 
 
-def _value(status: int, body: Any, buffers: list[Any], what: str) -> Any:
+def _value(status: int, body: Any, buffers: list[Any]) -> Any:
+    """A value as a reply or a partial carries it: in the frame (plain data), or pickled."""
     return body if status == _VALUE else _serialize.loads(body, buffers)
 
 
@@ -284,7 +285,7 @@ class Folded(Receiver):
         fold = self.fold
         acc: Any = _NOTHING
         for index, status, body, buffers, single in sorted(values, key=lambda v: v[0]):
-            piece = _value(status, body, buffers, what)
+            piece = _value(status, body, buffers)
             try:
                 if single:
                     piece = fold.leaf(piece)
