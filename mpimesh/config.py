@@ -80,6 +80,11 @@ class Config:
             (``MPIMESH_CAST_FANOUT``; see ``_core.multicast``).
         cast_tree_min: Casts to at least this many actors go down a tree;
             smaller ones are one message per actor (``MPIMESH_CAST_TREE_MIN``).
+        island_links: Whether two processes of different islands that talk
+            get a direct link instead of the controller's relay
+            (``MPIMESH_ISLAND_LINKS``): ``auto`` (under Open MPI, where it was
+            measured with dead peers; docs/design/transport.md, "Direct links
+            between islands"), ``always`` or ``never``.
     """
 
     spin_us: float = 2000.0
@@ -102,6 +107,7 @@ class Config:
     spawns_across_hosts: str = "auto"
     cast_fanout: int = 8
     cast_tree_min: int = 16
+    island_links: str = "auto"
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -155,6 +161,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         spawns_across_hosts=_choice(env, "MPIMESH_SPAWNS_ACROSS_HOSTS", ("auto", "always")),
         cast_fanout=int(_number(env, "MPIMESH_CAST_FANOUT", Config.cast_fanout, minimum=1.0)),
         cast_tree_min=int(_number(env, "MPIMESH_CAST_TREE_MIN", Config.cast_tree_min, minimum=2.0)),
+        island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("auto", "always", "never")),
     )
 
 

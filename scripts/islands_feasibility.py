@@ -47,6 +47,7 @@ N_RTT = 2000
 
 
 def log(*args: object) -> None:
+    """Print a line at once."""
     print(*args, flush=True)
 
 
@@ -54,6 +55,7 @@ def log(*args: object) -> None:
 
 
 def island(name: str) -> None:
+    """An island process: serve the parent's requests."""
     parent = MPI.Comm.Get_parent()
     world = MPI.COMM_WORLD
     me = world.Get_rank()
@@ -109,7 +111,7 @@ def island(name: str) -> None:
             port = MPI.Open_port()
             done: list[object] = []
 
-            def accept() -> None:
+            def accept(port: str = port, done: list[object] = done) -> None:
                 t0 = time.perf_counter()
                 comm = MPI.COMM_SELF.Accept(port)
                 done.append(time.perf_counter() - t0)
@@ -120,7 +122,7 @@ def island(name: str) -> None:
             time.sleep(1.0)
             t0 = time.perf_counter()
 
-            def wake() -> None:
+            def wake(port: str = port, done: list[object] = done) -> None:
                 self_ = MPI.COMM_SELF.Dup()
                 self_.Connect(port).Disconnect()
                 done.append("woken")
@@ -200,11 +202,12 @@ def island(name: str) -> None:
 
 
 def ask(comm: MPI.Intercomm, rank: int, *op: object) -> None:
+    """Send a request to an island process."""
     comm.send(op, rank, CTL)
 
 
 def answer(comm: MPI.Intercomm, rank: int, timeout: float) -> object:
-    # A bounded receive: None when nothing came within timeout.
+    """An island process's answer, or None when nothing came within ``timeout``."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if comm.iprobe(rank, CTL):
@@ -214,7 +217,7 @@ def answer(comm: MPI.Intercomm, rank: int, timeout: float) -> object:
 
 
 def relay_rtt(a: MPI.Intercomm, b: MPI.Intercomm) -> float:
-    # The parent relays every message between A's rank 0 and B's rank 0, as mpimesh's controller does.
+    """The round trip A0-B0 with the parent relaying each message, as mpimesh's controller does."""
     ask(a, 0, "rtt_relay", True)
     ask(b, 0, "rtt_relay", False)
     buf = bytearray(64)
@@ -227,6 +230,7 @@ def relay_rtt(a: MPI.Intercomm, b: MPI.Intercomm) -> float:
 
 
 def main() -> None:
+    """The parent: spawn two islands, broker their links, report."""
     log(f"library: {MPI.Get_library_version().splitlines()[0].strip()}; thread level {MPI.Query_thread()} "
         f"(MULTIPLE={MPI.THREAD_MULTIPLE})")
     t0 = time.perf_counter()

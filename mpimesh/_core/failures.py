@@ -31,6 +31,7 @@ from .protocol import CONTROLLER, Frame, Key
 
 if TYPE_CHECKING:
     from .._transport.bell import Ringer
+    from .._transport.peers import Peers
     from ..shape import Shape
     from .ports import PortTable
 
@@ -131,6 +132,9 @@ class Process(Protocol):
     @property
     def multicast(self) -> Rerouter: ...
 
+    @property
+    def peers(self) -> Peers: ...
+
     def send(self, dest: Addr, frame: Frame) -> None: ...
 
 
@@ -198,6 +202,7 @@ class Failures:
             return
         self._process.ports.fail_source(addr, report)
         self._process.multicast.dead(addr)
+        self._process.peers.dead(addr)
         for owned in list(self.owned.values()):
             ranks = [r for r, a in enumerate(owned.addrs) if a == addr]
             if ranks:

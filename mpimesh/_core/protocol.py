@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Final, NamedTuple
 
-from .._transport.frames import BATCH, CONTROLLER, FORWARD, PING, TAG_DATA, TAG_FRAME, Addr, Frame
+from .._transport.frames import BATCH, CONTROLLER, FORWARD, LINK, MARK, PING, TAG_DATA, TAG_FRAME, Addr, Frame
+from .._transport.frames import link as link
+from .._transport.frames import mark as mark
 
 #: Job-wide unique id of an actor mesh: ``(island, rank, counter)`` of its spawner.
 Key = tuple[int, int, int]
@@ -26,8 +28,8 @@ PortRef = tuple[Addr, int]
 
 __all__ = [
     "CONTROLLER", "Frame", "Key", "KINDS", "Kind", "NAMES", "PortRef", "Spec", "Status", "TAG_DATA", "TAG_FRAME",
-    "batch", "bye", "call", "cast", "dead", "debug", "describe", "fault", "forward", "hello", "init", "log", "ping",
-    "part", "procs", "reply", "seq", "shutdown", "site_call", "spawn", "stop",
+    "batch", "bye", "call", "cast", "dead", "debug", "describe", "fault", "forward", "hello", "init", "link", "log",
+    "mark", "ping", "part", "procs", "reply", "seq", "shutdown", "site_call", "spawn", "stop",
 ]
 
 
@@ -54,6 +56,8 @@ class Kind:
     CAST: Final = 18
     SEQ: Final = 19
     PART: Final = 20
+    LINK: Final = LINK
+    MARK: Final = MARK
 
 
 class Status:
@@ -311,6 +315,9 @@ def seq(bufsizes: tuple[int, ...] | None, sender: Addr, sequence: int, inner: Fr
     """
     return (_SEQ, bufsizes, sender, sequence, inner)
 
+
+_declare(LINK, "LINK", "op peer port", "_transport.peers.Peers.on_link")
+_declare(MARK, "MARK", "sender", "_transport.peers.Peers.on_mark")
 
 #: kind -> its name, for messages.
 NAMES: dict[int, str] = {kind: spec.name for kind, spec in KINDS.items()}

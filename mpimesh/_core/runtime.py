@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._transport import make_router
 from .._transport.mpi import hostname
+from .._transport.peers import Peers, enabled
 from .._transport.router import Addr
 from ..errors import MeshInternalError
 from ..future import Future
@@ -109,6 +110,8 @@ class Runtime:
         self.actors = ActorHost(self)
         self.failures = Failures(self)
         self.multicast = Multicast(self)
+        #: direct links to processes of other islands (``_transport.peers``)
+        self.peers = Peers(self.router, enabled())
         #: the dispatch table itself (kind -> handler), for frames delivered late (``multicast``)
         self.dispatch = self._handlers
         # The failures' own tables, read on every reply and call: no property in between.
@@ -141,6 +144,8 @@ class Runtime:
             (Kind.CAST, self.multicast.on_cast),
             (Kind.SEQ, self.multicast.on_seq),
             (Kind.PART, self.multicast.on_part),
+            (Kind.LINK, self.peers.on_link),
+            (Kind.MARK, self.peers.on_mark),
         ):
             self.handle(kind, handler)
 

@@ -422,7 +422,8 @@ class Controller(BaseRole):
     def on_forward(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """FORWARD: relay a frame between islands."""
         _, _, dest, data = frame
-        self.rt.router.send_raw(dest, data, buffers)
+        self.rt.router.relay(dest, data, buffers)
+        self.rt.peers.relayed(src, dest)
 
     def on_procs(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """PROCS: a worker's allocate or release, served off the polling thread."""

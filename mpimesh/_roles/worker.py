@@ -250,6 +250,7 @@ class Worker(BaseRole):
         leave_job_dir(rt.controller_pid, list(rt.dead))
         go_local(self.forwarders)
         self.heartbeat.stop()
+        rt.peers.leave()
         rt.send(CONTROLLER, protocol.bye(len(stuck)))
         rt.drain_sends(2.0)
         if self.spawned:

@@ -9,7 +9,8 @@ between one sender and one receiver on one tag).
 The router reads only ``kind`` and ``bufsizes``, and opens the three kinds it
 handles itself: it builds ``BATCH`` and ``FORWARD`` frames (with the
 constructors below) and expands ``BATCH`` on receipt, and it does not count a
-``PING`` as traffic.  Every kind, with its fields, is declared in
+``PING`` as traffic.  ``LINK`` and ``MARK`` make and switch to direct links
+between islands (:mod:`.peers`).  Every kind, with its fields, is declared in
 ``mpimesh._core.protocol``, which imports the codes below so that each kind
 has one number.
 """
@@ -18,7 +19,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-__all__ = ["Addr", "BATCH", "CONTROLLER", "FORWARD", "Frame", "PING", "TAG_DATA", "TAG_FRAME", "batch", "forward"]
+__all__ = [
+    "Addr", "BATCH", "CONTROLLER", "FORWARD", "Frame", "LINK", "MARK", "PING", "TAG_DATA", "TAG_FRAME", "batch",
+    "forward", "link", "mark",
+]
 
 #: A process's address ``(island, rank)``: island 0 is the launch world, island
 #: ``k > 0`` the ``k``-th set of processes created with ``MPI_Comm_spawn``.
@@ -40,6 +44,10 @@ FORWARD: Final = 9
 PING: Final = 11
 #: any -> any: several frames to one process in one message: ``([frame_bytes, ...],)``.
 BATCH: Final = 15
+#: controller <-> worker: a step in making a direct link between two islands: ``(op, peer, port)``.
+LINK: Final = 21
+#: worker -> worker, relayed: the last frame from ``sender`` on the relay path: ``(sender,)``.
+MARK: Final = 22
 
 
 def batch(frames: list[bytes]) -> Frame:
@@ -50,3 +58,13 @@ def batch(frames: list[bytes]) -> Frame:
 def forward(bufsizes: tuple[Any, ...] | None, dest: Addr, frame_bytes: bytes) -> Frame:
     """A ``FORWARD`` frame: the controller relays the pickled inner frame (and its raw buffers) to ``dest``."""
     return (FORWARD, bufsizes, dest, frame_bytes)
+
+
+def link(op: str, peer: Addr, port: str | None) -> Frame:
+    """A ``LINK`` frame: step ``op`` of making the direct link with ``peer`` (see :mod:`.peers`)."""
+    return (LINK, None, op, peer, port)
+
+
+def mark(sender: Addr) -> Frame:
+    """A ``MARK`` frame: ``sender``'s frames after this one come on its direct link."""
+    return (MARK, None, sender)

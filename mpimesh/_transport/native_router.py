@@ -131,8 +131,12 @@ class NativeRouter(Router):
         """Send ``frame`` (and raw ``buffers``) to ``dest``; returns at once."""
         if not buffers:
             link = self._routes.get(dest[0])
+            rank = dest[1]
+            if link is None and self._peers:
+                # a direct link to a process of another island (see Router.adopt)
+                link = self._peers.get(dest)
+                rank = 0
             if link is not None and dest != self.addr:
-                rank = dest[1]
                 out = link.outs.get(rank)
                 if out is None:
                     # setdefault: atomic, so that two threads meeting a new

@@ -5,7 +5,10 @@ A process is addressed as ``(island, rank)``.  Island 0 is the launch world
 set of processes created with ``MPI_Comm_spawn``.  A process talks directly to
 the processes of its own island and to the controller; anything else is
 relayed by the controller (a ``FORWARD`` frame), which keeps one path per pair
-of processes and so keeps MPI's per-pair ordering.
+of processes and so keeps MPI's per-pair ordering.  Once two processes of
+different islands have exchanged a frame, the controller brokers a direct
+link between them (:mod:`.peers`) and both switch to it after a ``MARK`` on
+the relay path (:meth:`Router.adopt`), so their order survives the switch.
 
 Every MPI call of the runtime goes through the router, under one of its two
 locks: sends under the send lock, everything else (receiving, the data plane's
@@ -51,7 +54,7 @@ from typing import Any, ClassVar, NoReturn
 from ..config import settings
 from .bell import RING_AFTER
 from .buffers import copy_buffer, layout, recv_buffer
-from .frames import BATCH, CONTROLLER, PING, TAG_DATA, TAG_FRAME, Addr, Frame, batch, forward
+from .frames import BATCH, CONTROLLER, PING, TAG_DATA, TAG_FRAME, Addr, Frame, batch, forward, mark
 from .mpi import MPI
 
 __all__ = ["Addr", "Router", "CONTROLLER"]
@@ -181,6 +184,14 @@ class Router:
         self._parent: _Link | None = None
         # the link to relay through for islands without a direct route
         self._relay: tuple[_Link, int] | None = None
+        # processes of other islands reached on a direct link of their own (see adopt)
+        self._peers: dict[Addr, _Link] = {}
+        # direct links not polled yet: their peer's MARK has not come (see adopt)
+        self._unpolled: dict[Addr, _Link] = {}
+        # peers whose MARK came before their link was made here
+        self._marked: set[Addr] = set()
+        #: statistics: frames this process relayed for others (the controller's FORWARDs)
+        self.relayed = 0
         # sends in flight: (request, the bytes it reads, whether it is bulk)
         self._sends: deque[tuple[MPI.Request, Any, bool]] = deque()
         # Large sends in flight: the answer to them comes soon, keep polling tight.
@@ -264,6 +275,74 @@ class Router:
         """Islands with a direct route."""
         return list(self._routes)
 
+    # -- direct links to processes of other islands (see .peers) -------------
+
+    def adopt(self, peer: Addr, comm: MPI.Intercomm) -> None:
+        """Send to ``peer`` over ``comm`` (a direct link) from now on; poll it once ``peer``'s MARK comes.
+
+        Per-pair order survives the switch: the route changes first (a
+        relayed frame is posted under the send lock only while there is no
+        route, see ``_post``), then a ``MARK`` leaves on the relay path, after
+        every frame relayed before it; ``peer`` polls the link only after the
+        MARK (:meth:`marked`), and until then MPI holds what was sent on it.
+        """
+        link = _Link(comm, peer[0], peer)
+        if self._relay is None:
+            raise ConnectionError(f"no relay from process {self.addr} to process {peer} to switch links on")
+        relay_link, relay_rank = self._relay
+        note = pickle.dumps(forward(None, peer, pickle.dumps(mark(self.addr), protocol=5)), protocol=5)
+        with self._send_lock:
+            self._peers[peer] = link
+        self._post(relay_link, relay_rank, note, _NO_BUFFERS)
+        with self.lock:
+            if peer in self._marked:
+                self._marked.discard(peer)
+                self._poll_link(link)
+            else:
+                self._unpolled[peer] = link
+
+    def marked(self, peer: Addr) -> None:
+        """``peer``'s MARK has come: what it sends next comes on its direct link; poll it."""
+        with self.lock:
+            link = self._unpolled.pop(peer, None)
+            if link is None:
+                self._marked.add(peer)
+            else:
+                self._poll_link(link)
+
+    def _poll_link(self, link: _Link) -> None:
+        # Start polling a direct link (lock held).
+        self._links = [*self._links, link]
+        self._relink()
+
+    def drop_peer(self, peer: Addr) -> MPI.Comm | None:
+        """Stop sending to and polling ``peer``'s direct link (it died or left); returns its communicator.
+
+        Frames to ``peer`` go through the relay again.
+        """
+        with self._send_lock:
+            link = self._peers.pop(peer, None)
+            if link is not None:
+                for out in link.outs.values():
+                    out.frames.clear()
+                link.outs.clear()
+        with self.lock:
+            self._marked.discard(peer)
+            self._unpolled.pop(peer, None)
+            if link is not None and link in self._links:
+                self._links = [k for k in self._links if k is not link]
+                self._relink()
+        return None if link is None else link.comm
+
+    def peers(self) -> list[Addr]:
+        """Processes of other islands this process sends to on a direct link."""
+        return list(self._peers)
+
+    def relay(self, dest: Addr, data: bytes, buffers: Sequence[Any]) -> None:
+        """Pass on a frame relayed for another process (the controller's FORWARD); counted in :attr:`relayed`."""
+        self.relayed += 1
+        self.send_raw(dest, data, buffers)
+
     # -- liveness bookkeeping and statistics ---------------------------------
 
     @property
@@ -326,6 +405,10 @@ class Router:
             if link is not None and dest != self.addr:
                 self._post(link, dest[1], pickle.dumps(frame, protocol=5), _NO_BUFFERS)
                 return
+            link = self._peers.get(dest)
+            if link is not None:
+                self._post(link, 0, pickle.dumps(frame, protocol=5), _NO_BUFFERS)
+                return
         else:
             # bufsizes with each large buffer's alignment (see buffers.layout)
             frame = (frame[0], layout(buffers), *frame[2:])
@@ -354,17 +437,30 @@ class Router:
             self._post(link, dest[1], data, buffers, quiet)
         elif dest == CONTROLLER and self._parent is not None:
             self._post(self._parent, 0, data, buffers, quiet)
+        elif dest in self._peers:
+            self._post(self._peers[dest], 0, data, buffers, quiet)
         elif self._relay is not None:
             relay = pickle.dumps(forward(layout(buffers) or None, dest, data), protocol=5)
-            self._post(self._relay[0], self._relay[1], relay, buffers, quiet)
+            if not self._post(self._relay[0], self._relay[1], relay, buffers, quiet, dest):
+                # switched to a direct link meanwhile: the MARK has left, so must this
+                peer = self._peers.get(dest)
+                if peer is None:
+                    raise ConnectionError(f"no route from process {self.addr} to process {dest}: its link is gone")
+                self._post(peer, 0, data, buffers, quiet)
         else:
             raise ConnectionError(f"no route from process {self.addr} to process {dest}: its island is gone")
 
-    def _post(self, link: _Link, rank: int, data: bytes, buffers: Sequence[Any], quiet: bool = False) -> None:
+    def _post(self, link: _Link, rank: int, data: bytes, buffers: Sequence[Any], quiet: bool = False,
+              unless: Addr | None = None) -> bool:
+        # Send or hold one frame; False (nothing sent) when ``unless`` has a
+        # direct link by the time the send lock is held (a relayed frame must
+        # not follow its sender's MARK, see adopt).
         now = _monotonic()
         lock = self._send_lock
         lock.acquire()  # not `with`: cheaper on every frame (docs/design/transport.md, "The locks")
         try:
+            if unless is not None and unless in self._peers:
+                return False
             self._frames_out += 1
             if not quiet:
                 self._sent_at = now
@@ -374,7 +470,7 @@ class Router:
             if (out.frames or (out.polls == self._polls and now - out.last < _BURST)) and self._hold(
                 out, data, buffers, now
             ):
-                return
+                return True
             if quiet:
                 paused = False
             else:
@@ -393,6 +489,7 @@ class Router:
             self._send_failed(link, rank, exc)
         finally:
             lock.release()
+        return True
 
     @staticmethod
     def _send_failed(link: _Link, rank: int, exc: MPI.Exception) -> NoReturn:

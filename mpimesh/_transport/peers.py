@@ -1,0 +1,262 @@
+"""Direct links between processes of different islands, brokered by the controller.
+
+A process reaches its own island and the controller directly; a frame to a
+process of another island is relayed by the controller (``FORWARD``), which
+costs the controller a receive and a send per frame.  The first time the
+controller relays a frame between two processes of different islands, it
+brokers a direct link between them (issue #16 item 4):
+
+1. controller -> the sender ("acceptor"): ``LINK open``; the acceptor opens a
+   port (``MPI_Open_port``), tells the controller (``LINK port``) and waits in
+   ``MPI_Comm_accept`` on a thread of its own;
+2. controller -> the receiver ("connector"): ``LINK connect`` with the port;
+   it calls ``MPI_Comm_connect`` on a thread of its own;
+3. each side, once its call returns, adopts the link (``Router.adopt``): the
+   route changes, then a ``MARK`` leaves on the relay path; each polls the
+   link only once the other's MARK has come, so the frames of each pair
+   arrive in the order sent across the switch; each tells the controller
+   ``LINK up``.
+
+Frames keep flowing on the relay while a link is being made, so a slow or
+failed connect delays nothing: the pair stays on the relay.  A connect that
+fails (``LINK failed``) or a connector that dies leaves the acceptor waiting
+in ``MPI_Comm_accept``, which has no timeout: the controller ends that wait
+by connecting to the port itself (``LINK abandon`` first, so the acceptor
+drops what it gets).  A process that leaves tells its direct peers (``LINK
+drop``, on the link) so that they stop polling it; a peer that dies is
+dropped with the death notice (:meth:`Peers.dead`), and frames to it fail as
+frames to a dead process of the own island do.
+
+The figures (connect times, what a dead peer does to a pending call) are in
+docs/design/transport.md, "Direct links between islands".
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import settings
+from .frames import CONTROLLER, Addr, Frame, link
+from .mpi import MPI, library
+from .router import Router
+
+__all__ = ["LinkStatistics", "Peers", "enabled"]
+
+
+def enabled() -> bool:
+    """Whether processes of different islands get direct links (``MPIMESH_ISLAND_LINKS``)."""
+    choice = settings.island_links
+    return choice == "always" or (choice == "auto" and library().startswith("Open MPI"))
+
+
+@dataclass(frozen=True)
+class LinkStatistics:
+    """Counters of the direct links between islands (:meth:`Peers.statistics`)."""
+
+    #: frames this process relayed for others (the controller's FORWARDs)
+    relayed: int
+    #: direct links this process made (both ends count one)
+    links: int
+    #: links that could not be made (the pair stays on the relay)
+    failed: int
+
+
+class _Attempt:
+    """The controller's record of one link being made."""
+
+    __slots__ = ("acceptor", "connector", "port", "up")
+
+    def __init__(self, acceptor: Addr, connector: Addr) -> None:
+        self.acceptor = acceptor
+        self.connector = connector
+        self.port: str | None = None
+        #: the ends that said ``up``
+        self.up: set[Addr] = set()
+
+
+class Peers:
+    """This process's part in making direct links: the controller brokers, workers accept and connect.
+
+    Args:
+        router: this process's router.
+        on: make links at all (else the controller's relay serves every pair).
+    """
+
+    def __init__(self, router: Router, on: bool) -> None:
+        self._router = router
+        self.addr = router.addr
+        self.on = on
+        self._lock = threading.Lock()
+        # controller: (lower address, higher address) -> the attempt
+        self._pairs: dict[tuple[Addr, Addr], _Attempt] = {}
+        # processes known dead or gone: no link is adopted to them
+        self._gone: set[Addr] = set()
+        # acceptor: peers whose pending Accept the controller will end (drop what comes)
+        self._abandoned: set[Addr] = set()
+        self._links = 0
+        self._failed = 0
+
+    # --- the controller: brokering -----------------------------------------------------------
+
+    def relayed(self, src: Addr, dest: Addr) -> None:
+        """The controller relayed a frame from ``src`` to ``dest``: broker their link, the first time."""
+        if not self.on or src == CONTROLLER or dest == CONTROLLER or src[0] == dest[0]:
+            return
+        pair = (src, dest) if src < dest else (dest, src)
+        if pair in self._pairs:
+            return
+        with self._lock:
+            if pair in self._pairs or src in self._gone or dest in self._gone:
+                return
+            self._pairs[pair] = _Attempt(src, dest)
+        self._send(src, link("open", dest, None))
+
+    def _wake(self, attempt: _Attempt) -> None:
+        # End the acceptor's pending Accept by connecting to its port (thread of its own).
+        port = attempt.port
+        if port is None or attempt.acceptor in self._gone or attempt.acceptor in attempt.up:
+            return
+        self._send(attempt.acceptor, link("abandon", attempt.connector, None))
+
+        def wake() -> None:
+            try:
+                MPI.COMM_SELF.Connect(port).Disconnect()
+            except MPI.Exception:
+                pass  # the acceptor died meanwhile: nothing waits
+
+        threading.Thread(target=wake, name="mpimesh-link-wake", daemon=True).start()
+
+    # --- workers: accepting and connecting ---------------------------------------------------
+
+    def _accept(self, peer: Addr) -> None:
+        # The acceptor's thread: open a port, tell the controller, wait for the peer.
+        try:
+            port = MPI.Open_port()
+        except MPI.Exception as exc:
+            self._give_up(peer, f"MPI_Open_port failed: {exc.Get_error_string()}")
+            return
+        self._send(CONTROLLER, link("port", peer, port))
+        try:
+            # Blocking, without the router's locks: other threads keep using
+            # MPI meanwhile (MPI_THREAD_MULTIPLE; measured, see the module doc).
+            comm = MPI.COMM_SELF.Accept(port)
+        except MPI.Exception as exc:
+            self._give_up(peer, f"MPI_Comm_accept failed: {exc.Get_error_string()}")
+            return
+        finally:
+            try:
+                MPI.Close_port(port)
+            except MPI.Exception:
+                pass
+        with self._lock:
+            abandoned = peer in self._abandoned
+            self._abandoned.discard(peer)
+        if abandoned:
+            comm.Disconnect()  # the controller's connect, which ended the wait
+            return
+        self._adopt(peer, comm)
+
+    def _connect(self, peer: Addr, port: str) -> None:
+        # The connector's thread.
+        try:
+            comm = MPI.COMM_SELF.Connect(port)
+        except MPI.Exception as exc:
+            self._give_up(peer, f"MPI_Comm_connect failed: {exc.Get_error_string()}")
+            return
+        self._adopt(peer, comm)
+
+    def _adopt(self, peer: Addr, comm: MPI.Intercomm) -> None:
+        if peer in self._gone:
+            return  # died while connecting: the link is never used
+        try:
+            self._router.adopt(peer, comm)
+        except ConnectionError:
+            return  # no relay left (this process is leaving)
+        with self._lock:
+            self._links += 1
+        self._send(CONTROLLER, link("up", peer, None))
+
+    def _give_up(self, peer: Addr, why: str) -> None:
+        with self._lock:
+            self._failed += 1
+        self._send(CONTROLLER, link("failed", peer, why))
+
+    def _start(self, target: Any, *args: Any) -> None:
+        threading.Thread(target=target, args=args, name="mpimesh-link", daemon=True).start()
+
+    # --- frames -------------------------------------------------------------------------------
+
+    def on_link(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """LINK: a step of making a direct link (see the module's docstring)."""
+        _, _, op, peer, port = frame
+        if op == "open":
+            self._start(self._accept, peer)
+        elif op == "connect":
+            self._start(self._connect, peer, port)
+        elif op == "abandon":
+            with self._lock:
+                self._abandoned.add(peer)
+        elif op == "drop":
+            self._router.drop_peer(src)  # it leaves: its last frame on the link was this
+        else:
+            self._broker(src, op, peer, port)
+
+    def _broker(self, src: Addr, op: str, peer: Addr, port: str | None) -> None:
+        # The controller's steps: a port to pass on, an end that is up, a failure.
+        attempt = self._pairs.get((src, peer) if src < peer else (peer, src))
+        if attempt is None:
+            return
+        if op == "port":
+            attempt.port = port
+            if attempt.connector in self._gone:
+                self._wake(attempt)
+            else:
+                self._send(attempt.connector, link("connect", attempt.acceptor, port))
+        elif op == "up":
+            attempt.up.add(src)
+            if len(attempt.up) == 2:
+                with self._lock:
+                    self._links += 1
+        elif op == "failed":
+            with self._lock:
+                self._failed += 1
+            if src == attempt.connector:
+                self._wake(attempt)
+
+    def on_mark(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """MARK: ``sender``'s next frames come on its direct link: poll it."""
+        _, _, sender = frame
+        self._router.marked(sender)
+
+    # --- deaths and leaving -------------------------------------------------------------------
+
+    def dead(self, addr: Addr) -> None:
+        """``addr`` has died: drop its link; the controller ends an Accept that waits for it."""
+        with self._lock:
+            self._gone.add(addr)
+        self._router.drop_peer(addr)
+        for attempt in list(self._pairs.values()):
+            if attempt.connector == addr:
+                self._wake(attempt)
+
+    def leave(self) -> None:
+        """This process leaves: tell each direct peer (on the link), then stop using the links."""
+        for peer in self._router.peers():
+            try:
+                self._router.send(peer, link("drop", self.addr, None))
+                self._router.flush()  # before the link is dropped with what it holds
+            except ConnectionError:
+                pass
+            self._router.drop_peer(peer)
+
+    def statistics(self) -> LinkStatistics:
+        """Counters: frames relayed for others, links made, links that failed."""
+        return LinkStatistics(self._router.relayed, self._links, self._failed)
+
+    def _send(self, dest: Addr, frame: Frame) -> None:
+        try:
+            self._router.send(dest, frame)
+        except ConnectionError:
+            pass  # a dead end: its death notice settles the rest
