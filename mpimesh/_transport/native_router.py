@@ -146,6 +146,7 @@ class NativeRouter(Router):
                     data = self._sender.post(out, frame, self._polls)
                 except MPI.Exception as exc:
                     self._send_failed(link, rank, exc)
+                    return
                 if data is not None:
                     self._post(link, rank, data, _NO_BUFFERS)  # to be held back for a batch
                 return
@@ -183,10 +184,15 @@ class NativeRouter(Router):
             self._polls += 1
             if self._held:
                 self.flush()
+            # The links the pump's error indices refer to: a handler (a
+            # death notice) may drop a link before they are read.  Links
+            # change only under the lock, and the list is replaced, never
+            # changed in place.
+            links = self._links
             handled = self._pump.poll(spin)
             if not isinstance(handled, int):
                 handled, errors = handled
-                self._link_errors(errors)
+                self._link_errors(errors, links)
             now = time.monotonic()
             if now >= self._next_ms:
                 self._every_ms(now)
@@ -197,7 +203,7 @@ class NativeRouter(Router):
             self._report()
             return 0
 
-    def _link_errors(self, errors: list[tuple[int, int]]) -> None:
+    def _link_errors(self, errors: list[tuple[int, int]], links: list[_Link]) -> None:
         # The pump's probe failed on these links: a peer died (ULFM) or worse.
         failures = []
         with self.lock:
@@ -205,7 +211,7 @@ class NativeRouter(Router):
                 exc = MPI.Exception(code)
                 if exc.Get_error_class() not in _FAILED_CLASSES:
                     raise exc
-                failures.append(self._acknowledge(self._links[index], exc))
+                failures.append(self._acknowledge(links[index], exc))
         if self._failed is not None:
             for addrs, text in failures:
                 self._failed(addrs, text)

@@ -61,6 +61,8 @@ class LinkStatistics:
     links: int
     #: links that could not be made (the pair stays on the relay)
     failed: int
+    #: calls to MPI_Comm_accept or MPI_Comm_connect of this process still waiting
+    pending: int
 
 
 class _Attempt:
@@ -97,6 +99,7 @@ class Peers:
         self._abandoned: set[Addr] = set()
         self._links = 0
         self._failed = 0
+        self._pending = 0
 
     # --- the controller: brokering -----------------------------------------------------------
 
@@ -184,7 +187,17 @@ class Peers:
         self._send(CONTROLLER, link("failed", peer, why))
 
     def _start(self, target: Any, *args: Any) -> None:
-        threading.Thread(target=target, args=args, name="mpimesh-link", daemon=True).start()
+        # A thread per call: MPI_Comm_accept and MPI_Comm_connect block, with no timeout.
+        def run() -> None:
+            try:
+                target(*args)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+
+        with self._lock:
+            self._pending += 1
+        threading.Thread(target=run, name="mpimesh-link", daemon=True).start()
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -252,8 +265,8 @@ class Peers:
             self._router.drop_peer(peer)
 
     def statistics(self) -> LinkStatistics:
-        """Counters: frames relayed for others, links made, links that failed."""
-        return LinkStatistics(self._router.relayed, self._links, self._failed)
+        """Counters: frames relayed for others, links made, links that failed, calls still waiting."""
+        return LinkStatistics(self._router.relayed, self._links, self._failed, self._pending)
 
     def _send(self, dest: Addr, frame: Frame) -> None:
         try:

@@ -49,7 +49,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 from ..config import settings
 from .bell import RING_AFTER
@@ -220,7 +220,7 @@ class Router:
         """Reach the ranks of ``island`` through ``comm`` (their rank = comm rank)."""
         link = _Link(comm, island, None)
         with self.lock:
-            self._links.append(link)
+            self._links = [*self._links, link]  # a new list: NativeRouter.poll reads a snapshot
             self._relink()
             self._routes[island] = link
 
@@ -228,7 +228,7 @@ class Router:
         """Reach the controller through a spawned worker's parent intercommunicator."""
         link = _Link(comm, 0, CONTROLLER)
         with self.lock:
-            self._links.append(link)
+            self._links = [*self._links, link]
             self._relink()
         self._parent = link
         self._relay = (link, 0)
@@ -247,7 +247,7 @@ class Router:
             link = self._routes.pop(island, None)
             if link is None:
                 return None
-            self._links.remove(link)
+            self._links = [k for k in self._links if k is not link]
             self._relink()
         with self._send_lock:
             # frames held for the island's processes go nowhere now
@@ -491,10 +491,18 @@ class Router:
             lock.release()
         return True
 
-    @staticmethod
-    def _send_failed(link: _Link, rank: int, exc: MPI.Exception) -> NoReturn:
+    def _send_failed(self, link: _Link, rank: int, exc: MPI.Exception) -> None:
+        # A send found its peer failed: ConnectionError, except on a direct
+        # link to another island, whose frame is dropped as a relayed one
+        # would be, and the failure reported as a failed probe's is: the
+        # controller's report of the death (pid, host, cause) fails what
+        # waits on the peer, as it did before the switch.
         if exc.Get_error_class() not in _FAILED_CLASSES:
             raise exc
+        peer = link.fixed
+        if peer is not None and peer != CONTROLLER and self._failed is not None:
+            self._failed([peer], exc.Get_error_string())
+            return
         raise ConnectionError(f"process {link.source(rank)} has failed: {exc.Get_error_string()}") from None
 
     def _hold(self, out: Any, data: bytes, buffers: Sequence[Any], now: float) -> bool:

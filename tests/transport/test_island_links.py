@@ -125,4 +125,3 @@ def test_islands_switch_to_a_direct_link_in_order(islands: Any) -> None:
     before = relayed()
     exchange(talkers, listeners, "direct")
     assert relayed() == before
-    print(f"relayed {before} frames in all, then none; links {a.direct.call_one().get(30)}")
