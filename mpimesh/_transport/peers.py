@@ -34,6 +34,7 @@ docs/design/transport.md, "Direct links between islands".
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,10 @@ from .frames import CONTROLLER, Addr, Frame, link
 from .mpi import MPI, library
 from .router import Router
 
-__all__ = ["LinkStatistics", "Peers", "enabled"]
+__all__ = ["DISCONNECT_BOUND", "LinkStatistics", "Peers", "enabled"]
+
+#: Seconds a leaving process waits for its direct peers to disconnect.
+DISCONNECT_BOUND = 5.0
 
 
 def enabled() -> bool:
@@ -212,7 +216,10 @@ class Peers:
             with self._lock:
                 self._abandoned.add(peer)
         elif op == "drop":
-            self._router.drop_peer(src)  # it leaves: its last frame on the link was this
+            # It leaves: its last frame on the link was this, and it disconnects.
+            comm = self._router.drop_peer(src)
+            if comm is not None:
+                self._disconnect(comm)
         else:
             self._broker(src, op, peer, port)
 
@@ -255,14 +262,39 @@ class Peers:
                 self._wake(attempt)
 
     def leave(self) -> None:
-        """This process leaves: tell each direct peer (on the link), then stop using the links."""
+        """This process leaves: tell each direct peer (on the link), stop using the links, disconnect them.
+
+        Blocks up to :data:`DISCONNECT_BOUND` seconds.  Each peer disconnects
+        its end when the ``drop`` comes (``MPI_Comm_disconnect`` is
+        collective); a link left connected makes ``MPI_Finalize`` wait for
+        the peer's own, or crash (Open MPI's ``ompi_dpm_dyn_finalize``).
+        """
+        comms = []
         for peer in self._router.peers():
             try:
                 self._router.send(peer, link("drop", self.addr, None))
                 self._router.flush()  # before the link is dropped with what it holds
             except ConnectionError:
                 pass
-            self._router.drop_peer(peer)
+            comm = self._router.drop_peer(peer)
+            if comm is not None and peer not in self._gone:
+                comms.append(comm)
+        threads = [self._disconnect(comm) for comm in comms]
+        end = time.monotonic() + DISCONNECT_BOUND
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
+
+    def _disconnect(self, comm: MPI.Comm) -> threading.Thread:
+        # MPI_Comm_disconnect on a thread of its own: it returns once the peer calls it too.
+        def run() -> None:
+            try:
+                comm.Disconnect()
+            except MPI.Exception:
+                pass  # the peer died meanwhile: nothing to wait for
+
+        thread = threading.Thread(target=run, name="mpimesh-link-disconnect", daemon=True)
+        thread.start()
+        return thread
 
     def statistics(self) -> LinkStatistics:
         """Counters: frames relayed for others, links made, links that failed, calls still waiting."""
