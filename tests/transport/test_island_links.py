@@ -1,8 +1,8 @@
 """Direct links between islands: two spawned islands stop talking through the controller, in order.
 
-Runs under the real entry point (``python -m mpimesh -m pytest -m mesh``); at
-``-n 1`` every mesh is an island of its own (``MPI_Comm_spawn``), at larger
-sizes the launch pool may place both meshes on island 0, and the test skips.
+Runs under the real entry point (``python -m mpimesh -m pytest -m mesh``): at
+``-n 1`` both meshes are spawned islands; at larger sizes the first takes the
+launch pool's free ranks (island 0) and the second is spawned.
 """
 
 from __future__ import annotations
@@ -91,10 +91,20 @@ def exchange(talkers: Any, listeners: Any, tag: str) -> None:
 
 @pytest.fixture(scope="module")
 def islands() -> Any:
-    """Two one-process meshes, each with a talker and a listener."""
-    meshes = [this_host().spawn_procs(per_host={"gpus": 1}) for _ in range(2)]
-    talkers = [m.spawn(f"talker{i}", Talker) for i, m in enumerate(meshes)]  # type: ignore[attr-defined]
-    listeners = [m.spawn(f"listener{i}", Talker) for i, m in enumerate(meshes)]  # type: ignore[attr-defined]
+    """Two meshes on different islands, each with a talker and a listener on its first process.
+
+    The first mesh takes every free launch-pool rank (none at ``-n 1``), so
+    the second is spawned: at ``-n 4`` the pair is a pool worker and a
+    spawned one.
+    """
+    from mpimesh._core.current import current
+
+    free = len(current().role.free)  # type: ignore[attr-defined]
+    meshes = [this_host().spawn_procs(per_host={"gpus": n}) for n in (max(1, free), 1)]
+    talkers = [m.spawn(f"talker{i}", Talker).slice(gpus=0)  # type: ignore[attr-defined]
+               for i, m in enumerate(meshes)]
+    listeners = [m.spawn(f"listener{i}", Talker).slice(gpus=0)  # type: ignore[attr-defined]
+                 for i, m in enumerate(meshes)]
     yield talkers, listeners
     for m in meshes:
         m.stop().get(30)  # type: ignore[attr-defined]
