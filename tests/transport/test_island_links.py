@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from mpitest import spawning
 
 from mpimesh import Actor, endpoint, this_host
 
@@ -99,8 +100,11 @@ def islands() -> Any:
     """
     from mpimesh._core.current import current
 
-    free = len(current().role.free)  # type: ignore[attr-defined]
-    meshes = [this_host().spawn_procs(per_host={"gpus": n}) for n in (max(1, free), 1)]
+    rt = current()
+    role: Any = rt.role
+    free = sum(role.procs[a].host == rt.host for a in role.free)  # the pool's free ranks on this host
+    with spawning():
+        meshes = [this_host().spawn_procs(per_host={"gpus": n}) for n in (max(1, free), 1)]
     talkers = [m.spawn(f"talker{i}", Talker).slice(gpus=0)  # type: ignore[attr-defined]
                for i, m in enumerate(meshes)]
     listeners = [m.spawn(f"listener{i}", Talker).slice(gpus=0)  # type: ignore[attr-defined]
