@@ -21,8 +21,8 @@ Frames keep flowing on the relay while a link is being made, so a slow or
 failed connect delays nothing: the pair stays on the relay.  A connect that
 fails (``LINK failed``) or a connector that dies leaves the acceptor waiting
 in ``MPI_Comm_accept``, which has no timeout: the controller ends that wait
-by connecting to the port itself (``LINK abandon`` first, so the acceptor
-drops what it gets).  A process that leaves tells its direct peers (``LINK
+by connecting to the port itself; the acceptor sees that the process it got
+is the controller (:meth:`.Router.is_controller`) and disconnects.  A process that leaves tells its direct peers (``LINK
 drop``, on the link) so that they stop polling it; a peer that dies is
 dropped with the death notice (:meth:`Peers.dead`), and frames to it fail as
 frames to a dead process of the own island do.
@@ -99,8 +99,6 @@ class Peers:
         self._pairs: dict[tuple[Addr, Addr], _Attempt] = {}
         # processes known dead or gone: no link is adopted to them
         self._gone: set[Addr] = set()
-        # acceptor: peers whose pending Accept the controller will end (drop what comes)
-        self._abandoned: set[Addr] = set()
         self._links = 0
         self._failed = 0
         self._pending = 0
@@ -125,8 +123,6 @@ class Peers:
         port = attempt.port
         if port is None or attempt.acceptor in self._gone or attempt.acceptor in attempt.up:
             return
-        self._send(attempt.acceptor, link("abandon", attempt.connector, None))
-
         def wake() -> None:
             try:
                 MPI.COMM_SELF.Connect(port).Disconnect()
@@ -157,11 +153,9 @@ class Peers:
                 MPI.Close_port(port)
             except MPI.Exception:
                 pass
-        with self._lock:
-            abandoned = peer in self._abandoned
-            self._abandoned.discard(peer)
-        if abandoned:
-            comm.Disconnect()  # the controller's connect, which ended the wait
+        if self._router.is_controller(comm):
+            # The controller's connect, which ended the wait: the peer failed or died.
+            comm.Disconnect()
             return
         self._adopt(peer, comm)
 
@@ -212,9 +206,6 @@ class Peers:
             self._start(self._accept, peer)
         elif op == "connect":
             self._start(self._connect, peer, port)
-        elif op == "abandon":
-            with self._lock:
-                self._abandoned.add(peer)
         elif op == "drop":
             # It leaves: its last frame on the link was this, and it disconnects.
             comm = self._router.drop_peer(src)

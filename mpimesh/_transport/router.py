@@ -334,6 +334,19 @@ class Router:
                 self._relink()
         return None if link is None else link.comm
 
+    def is_controller(self, comm: MPI.Intercomm) -> bool:
+        """Whether the one remote process of ``comm`` (a link just accepted) is the controller."""
+        if self._relay is None:
+            return False
+        relay, rank = self._relay
+        theirs = relay.comm.Get_remote_group() if isinstance(relay.comm, MPI.Intercomm) else relay.comm.Get_group()
+        remote = comm.Get_remote_group()
+        try:
+            return MPI.Group.Translate_ranks(remote, [0], theirs)[0] == rank
+        finally:
+            remote.Free()
+            theirs.Free()
+
     def peers(self) -> list[Addr]:
         """Processes of other islands this process sends to on a direct link."""
         return list(self._peers)
