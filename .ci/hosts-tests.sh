@@ -74,6 +74,8 @@ trap 'exit 130' INT TERM
 
 # ------------------------------------------------------------------- setup
 [ -x "$PY" ] || { log "error: no $PY; set VENV"; exit 1; }
+# hosts that were up before (someone else's): left up at the end
+BEFORE=$(timeout 30 bash "$HERE/multihost.sh" status 2> /dev/null | awk '{print $1}' | xargs)
 FLAGS=$(timeout 60 bash "$HERE/multihost.sh" up 2)
 RC=$?
 if [ "$RC" = 3 ]; then
@@ -82,7 +84,11 @@ if [ "$RC" = 3 ]; then
   exit 0
 fi
 [ "$RC" = 0 ] || { log "error: multihost.sh up failed (rc=$RC)"; exit 1; }
-UP=1
+if [ "$BEFORE" = "${HOSTS[*]}" ]; then
+  log "the hosts were up already: leaving them up at the end"
+else
+  UP=1
+fi
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd "$REPO" || exit 1
