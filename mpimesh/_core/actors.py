@@ -398,7 +398,7 @@ class _Actor:
             self.failure = f"{type(exc).__name__} in __init__: {exc}"
             # `initialized` fails with the exception, and the owner hears of
             # it as of any failed actor (Monarch: a supervision event).
-            self._error(item.port, self.point.rank, exc)
+            self._error(item.port, self.point.rank, exc, "__init__")
             self._report_fault(exc, "__init__")
         else:
             with self.cond:
@@ -677,14 +677,14 @@ class _Actor:
                 f"cannot pickle the result of endpoint {method} ({_serialize.describe(result)}): {exc}; "
                 "return plain data, numpy arrays or tensors"
             )
-            self._error(port, index, error)
+            self._error(port, index, error, method)
 
     def _failed_call(
         self, exc: BaseException, port: PortRef | None, index: int, method: str, failed_port: PortRef | None = None,
     ) -> None:
         self.last_error = exc
         if port is not None and isinstance(exc, Exception):
-            self._error(port, index, exc)
+            self._error(port, index, exc, method)
             return
         # No caller to tell (broadcast), an endpoint that answers through its
         # own port, or not an ordinary exception: the actor fails and its
@@ -697,11 +697,11 @@ class _Actor:
             self.runtime.reply(told, index, Status.FAILED, report)
         self._report_fault(exc, method)
 
-    def _error(self, port: PortRef | None, index: int, exc: BaseException) -> None:
+    def _error(self, port: PortRef | None, index: int, exc: BaseException, method: str) -> None:
         if port is None:
             return
         payload = _serialize.error_payload(exc, self.header, self.point.rank, dict(self.point), self.runtime.host,
-                                           self.actor_id)
+                                           self.actor_id, f"{self.name}.{method}")
         self.runtime.reply(port, index, Status.ERROR, payload)
 
     def _gone(self, method: str, point: RawPoint | None, cause: str) -> str:
