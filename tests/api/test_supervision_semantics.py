@@ -130,6 +130,45 @@ def test_supervise_reaches_an_async_owner_while_its_endpoint_awaits(one_proc: ob
     owner.stop().get(30)
 
 
+class RefusingOwner(Actor):
+    """An async owner whose __supervise__ does not handle the failure (returns False, or raises)."""
+
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        if self.raises:
+            raise RuntimeError("supervise refused 13")
+        return False
+
+    @endpoint
+    async def spawn_and_linger(self) -> str:
+        self.child = this_proc().spawn("child", Failing)
+        self.child.fail.broadcast()
+        await asyncio.sleep(60)  # still awaiting when this actor fails
+        return "lingered"
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["returns_false", "raises"])
+def test_an_owner_that_fails_while_its_endpoint_awaits_fails_that_call(
+    one_proc: object, faults: Faults, raises: bool
+) -> None:
+    """An owner that does not handle a failure fails; the call it was awaiting in gets SupervisionError at once,
+    naming the child's failure (and what __supervise__ raised), not a result 60 s later."""
+    owner = one_proc.spawn("refusing", RefusingOwner, raises)  # type: ignore[attr-defined]
+    extra = r"; __supervise__ raised RuntimeError: supervise refused 13" if raises else ""
+    with pytest.raises(
+        SupervisionError,
+        match=r"(?s)^Endpoint call refusing\.spawn_and_linger\(\) failed, The actor test_supervision_semantics\."
+        r"RefusingOwner refusing and all its descendants have failed: actor refusing\[0\]@\d+\.\d+ on \S+ did not "
+        rf"handle a failure{extra}:\n  MeshFailure of actor mesh 'child' .*The actor test_supervision_semantics\."
+        r"Failing child and all its descendants have failed:.*ValueError: child failed 12$",
+    ):
+        owner.spawn_and_linger.call_one().get(30)
+    assert [f.mesh_name for f in faults.wait_for("refusing")] == ["refusing"]
+    owner.stop().get(30)
+
+
 class BadChildInit(Actor):
     def __init__(self) -> None:
         raise KeyError("missing config 13")
