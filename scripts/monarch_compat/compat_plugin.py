@@ -96,6 +96,10 @@ class Absent:
 
     __ror__ = __or__
     __call__ = _gap
+    __setitem__ = _gap
+    __delitem__ = _gap
+    __contains__ = _gap
+    __len__ = _gap
     __enter__ = _gap
     __aenter__ = _gap
     __iter__ = _gap
@@ -221,10 +225,11 @@ def classify(nodeid: str, outcome: str, text: str) -> tuple[str, str]:
             if marker == INTERNAL:
                 return "internals", gap
             return "fail", gap
-    if name in INTERNALS:
-        return "internals", INTERNALS[name]
-    if name in BY_DESIGN:
-        return "by-design", BY_DESIGN[name]
+    for key in (name, name.split("[", 1)[0]):  # with its parameters, then without
+        if key in INTERNALS:
+            return "internals", INTERNALS[key]
+        if key in BY_DESIGN:
+            return "by-design", BY_DESIGN[key]
     lines = [line for line in text.strip().splitlines() if line.strip()]
     last = next((line for line in reversed(lines) if line.startswith("E ")), lines[-1] if lines else "")
     return "fail", last[:300]

@@ -64,6 +64,13 @@ FILES = (
     "test_rdma_cpu_no_torch",
 )
 
+#: Monarch's actor-only examples (paths in its repository), each run as a script: pass = exit status 0.
+EXAMPLES = (
+    "docs/source/examples/ping_pong.py",
+    "docs/source/rdma.py",
+    "docs/source/examples/grpo_yield.py",
+)
+
 CATEGORIES = ("pass", "fail", "internals", "by-design", "skipped")
 
 
@@ -73,7 +80,9 @@ def obtain(work: str, version: str, mirror: str) -> str:
     stamp = os.path.join(work, "SOURCE")
     if os.path.isdir(os.path.join(src, "python", "tests")) and os.path.exists(stamp):
         with open(stamp) as f:
-            return f.read().strip()
+            source = f.read().strip()
+        if source.startswith("sdist") or all(os.path.exists(os.path.join(src, p)) for p in EXAMPLES):
+            return source
     shutil.rmtree(src, ignore_errors=True)
     os.makedirs(src)
     dl = os.path.join(work, "download")
@@ -113,7 +122,7 @@ def obtain(work: str, version: str, mirror: str) -> str:
         )
         dev = next((line.split('"')[-2] for line in version_line.stdout.splitlines() if "MONARCH_VERSION" in line), "?")
         archive = subprocess.run(
-            ["git", "-C", mirror, "archive", "HEAD", "python/tests", "examples"], capture_output=True, check=True
+            ["git", "-C", mirror, "archive", "HEAD", "python/tests", *EXAMPLES], capture_output=True, check=True
         )
         tar_path = os.path.join(work, "monarch.tar")
         with open(tar_path, "wb") as f:
@@ -242,6 +251,44 @@ def collect(tests: str, site: str, name: str) -> list[str]:
     return [line.strip() for line in got.stdout.splitlines() if "::" in line]
 
 
+def run_example(work: str, site: str, path: str, *, np: int, timeout: int) -> dict[str, str]:
+    """Run one of Monarch's examples as a script under mpimesh with a bound; pass when it exits 0."""
+    script = os.path.join(work, "src", path)
+    name = os.path.basename(path)
+    if not os.path.exists(script):
+        return {"nodeid": path, "category": "fail", "reason": "not in the source obtained (an sdist has no docs/)"}
+    log = os.path.join(work, "logs", f"example_{name}.log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "site_hook"), os.path.join(HERE, "shim"), HERE, site])
+    cmd = [sys.executable, "-m", "mpimesh", script]
+    if np > 1:
+        cmd = [
+            os.path.join(os.path.dirname(sys.executable), "mpiexec"),
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-n",
+            str(np),
+            *cmd,
+        ]
+    started = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.run(
+            ["timeout", "-k", "15", str(timeout), "nice", "-n", "5", *cmd],
+            env=env,
+            cwd=os.path.dirname(script),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    elapsed = time.monotonic() - started
+    if proc.returncode == 0:
+        return {"nodeid": path, "category": "pass", "reason": f"{elapsed:.0f} s"}
+    reason = "timed out" if proc.returncode in (124, 137) else f"exit status {proc.returncode}"
+    return {"nodeid": path, "category": "fail", "reason": f"{reason} after {elapsed:.0f} s (log: {log})"}
+
+
 def table(per_file: dict[str, list[dict[str, str]]]) -> str:
     """The markdown table of counts per file and category."""
     lines = [
@@ -253,7 +300,8 @@ def table(per_file: dict[str, list[dict[str, str]]]) -> str:
         counts = {c: sum(r["category"] == c for r in records) for c in CATEGORIES}
         for c in CATEGORIES:
             totals[c] += counts[c]
-        lines.append(f"| `{name}.py` | {len(records)} | " + " | ".join(str(counts[c]) for c in CATEGORIES) + " |")
+        label = "examples" if name == "examples" else f"`{name}.py`"
+        lines.append(f"| {label} | {len(records)} | " + " | ".join(str(counts[c]) for c in CATEGORIES) + " |")
     lines.append(f"| total | {sum(totals.values())} | " + " | ".join(str(totals[c]) for c in CATEGORIES) + " |")
     return "\n".join(lines)
 
@@ -267,14 +315,18 @@ def main() -> None:
     parser.add_argument("--mirror", default=os.environ.get("MONARCH_MIRROR", DEFAULT_MIRROR))
     parser.add_argument("--np", type=int, default=1, help="mpiexec -n NP (1: workers spawned)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per file")
+    parser.add_argument("--examples", action="store_true", help="run Monarch's actor-only examples (EXAMPLES) too")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     source = obtain(args.work, args.version, args.mirror)
     tests = lay_out(args.work)
     site = site_packages(args.work)
-    per_file = {
-        name: run_file(args.work, tests, site, name, np=args.np, timeout=args.timeout) for name in (args.files or FILES)
-    }
+    names = args.files if args.files else ([] if args.examples else list(FILES))
+    per_file = {name: run_file(args.work, tests, site, name, np=args.np, timeout=args.timeout) for name in names}
+    if args.examples:
+        per_file["examples"] = [
+            run_example(args.work, site, path, np=args.np, timeout=min(args.timeout, 300)) for path in EXAMPLES
+        ]
     report = [
         f"Monarch: {source}",
         f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, np={args.np}",
