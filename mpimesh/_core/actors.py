@@ -743,11 +743,14 @@ class _Actor:
         # owner hears about it; a caller waiting gets a SupervisionError.
         self.state = "failed"
         self.failure = f"{type(exc).__name__} in {method}: {exc}"
+        # The owner first: when the caller is the owner, its __supervise__ has the failure
+        # before the call raises (one sender, one destination: FIFO), as in Monarch, where
+        # the call fails because of the supervision event.
+        self._report_fault(exc, method)
         told = port if port is not None else failed_port
         if told is not None:
             report = self._gone(method, None, f"Actor {self.actor_id} failed: {self.failure}")
             self.runtime.reply(told, index, Status.FAILED, report)
-        self._report_fault(exc, method)
 
     def _error(self, port: PortRef | None, index: int, exc: BaseException, method: str) -> None:
         if port is None:

@@ -169,6 +169,43 @@ def test_an_owner_that_fails_while_its_endpoint_awaits_fails_that_call(
     owner.stop().get(30)
 
 
+class PromptOwner(Actor):
+    """An async owner with an async __supervise__ that calls its child until the child fails."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.procs = this_host().spawn_procs(per_host={"gpus": 1})  # the child in another process
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:
+        await asyncio.sleep(0)  # a real await: it runs as a task on the actor's loop
+        self.seen.append(failure.mesh_name)
+        return True
+
+    @endpoint
+    async def fail_child(self, name: str) -> str:
+        self.child = self.procs.spawn(name, Replier)
+        try:
+            await self.child.answer.call_one(True)
+        except SupervisionError:
+            return "child failed"
+        return "child answered"
+
+    @endpoint
+    async def seen_failures(self) -> list[str]:
+        return self.seen
+
+
+def test_the_owner_hears_of_a_failure_before_its_call_to_the_child_raises(one_proc: object, faults: Faults) -> None:
+    """When the caller owns the failed actor, its __supervise__ has run by the time it asks right after the call
+    raised SupervisionError (Monarch's test_async_supervise_callback_handled asks at once)."""
+    owner = one_proc.spawn("prompt", PromptOwner)  # type: ignore[attr-defined]
+    for i in range(5):
+        assert owner.fail_child.call_one(f"replier{i}").get(30) == "child failed"
+        assert owner.seen_failures.call_one().get(30)[-1:] == [f"replier{i}"]
+    assert faults.failures == []
+    owner.stop().get(30)
+
+
 class BadChildInit(Actor):
     def __init__(self) -> None:
         raise KeyError("missing config 13")
