@@ -33,7 +33,7 @@ from ..shape import Extent, Point
 from . import protocol
 from . import serialize as _serialize
 from .ports import Port, gone
-from .protocol import Frame, Key, PortRef, Status
+from .protocol import CONTROLLER, Frame, Key, PortRef, Status
 
 if TYPE_CHECKING:
     import asyncio
@@ -743,14 +743,19 @@ class _Actor:
         # owner hears about it; a caller waiting gets a SupervisionError.
         self.state = "failed"
         self.failure = f"{type(exc).__name__} in {method}: {exc}"
-        # The owner first: when the caller is the owner, its __supervise__ has the failure
-        # before the call raises (one sender, one destination: FIFO), as in Monarch, where
-        # the call fails because of the supervision event.
-        self._report_fault(exc, method)
+        # An actor owner hears first: when it is the caller, its __supervise__ has the failure
+        # before the call raises (one sender, one destination: FIFO), as in Monarch, where the
+        # call fails because of the supervision event.  The controller hears second: its
+        # default hook ends the script, which should see the SupervisionError first.
+        owner_first = tuple(self.spawner) != CONTROLLER
+        if owner_first:
+            self._report_fault(exc, method)
         told = port if port is not None else failed_port
         if told is not None:
             report = self._gone(method, None, f"Actor {self.actor_id} failed: {self.failure}")
             self.runtime.reply(told, index, Status.FAILED, report)
+        if not owner_first:
+            self._report_fault(exc, method)
 
     def _error(self, port: PortRef | None, index: int, exc: BaseException, method: str) -> None:
         if port is None:

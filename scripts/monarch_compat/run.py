@@ -306,6 +306,29 @@ def table(per_file: dict[str, list[dict[str, str]]]) -> str:
     return "\n".join(lines)
 
 
+def stored_report(work: str) -> str:
+    """The table and the non-passing tests of every file of FILES whose results WORK holds (the last run of each)."""
+    per_file: dict[str, list[dict[str, str]]] = {}
+    for name in FILES:
+        path = os.path.join(work, "results", f"{name}.jsonl")
+        if not os.path.exists(path):
+            continue
+        by_id: dict[str, dict[str, str]] = {}
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                if record["nodeid"] not in by_id or by_id[record["nodeid"]]["category"] == "pass":
+                    by_id[record["nodeid"]] = record
+        per_file[name] = list(by_id.values())
+    with open(os.path.join(work, "SOURCE")) as f:
+        lines = [f"Monarch: {f.read().strip()}", "", table(per_file), ""]
+    for records in per_file.values():
+        for r in sorted(records, key=lambda r: r["nodeid"]):
+            if r["category"] != "pass":
+                lines.append(f"- {r['category']}: `{r['nodeid']}`: {r['reason']}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Obtain, lay out, run the files, print and save the summary."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -316,8 +339,12 @@ def main() -> None:
     parser.add_argument("--np", type=int, default=1, help="mpiexec -n NP (1: workers spawned)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per file")
     parser.add_argument("--examples", action="store_true", help="run Monarch's actor-only examples (EXAMPLES) too")
+    parser.add_argument("--report", action="store_true", help="run nothing: the table of the results stored in WORK")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    if args.report:
+        print(stored_report(args.work))
+        return
     source = obtain(args.work, args.version, args.mirror)
     tests = lay_out(args.work)
     site = site_packages(args.work)
