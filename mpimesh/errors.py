@@ -20,11 +20,12 @@ __all__ = [
 
 
 class RemoteTraceback(Exception):
-    """The traceback text of an exception raised on another process.
+    """Where an exception was raised on another process: ``### rank 3 (gpus=3) on node17 in actor 'm'``.
 
     It is attached as ``__cause__`` of the original exception, so that an
-    uncaught :class:`ActorError` prints where the remote call failed, under a
-    header naming the rank, its mesh coordinates and the host.
+    uncaught :class:`ActorError` prints the rank, its mesh coordinates and the
+    host above its own text, which holds the remote traceback itself (as
+    Monarch's does; so the traceback prints once).
     """
 
     def __str__(self) -> str:
