@@ -42,6 +42,12 @@ from .proc_mesh import this_host as this_host
 from .proc_mesh import this_proc as this_proc
 from .rma import RDMAAction as RDMAAction
 from .rma import RDMABuffer as RDMABuffer
+from .rma_backend import RDMAReadTransferWarning as RDMAReadTransferWarning
+from .rma_backend import RDMATcpFallbackWarning as RDMATcpFallbackWarning
+from .rma_backend import RDMAWriteTransferWarning as RDMAWriteTransferWarning
+from .rma_backend import get_rdma_backend as get_rdma_backend
+from .rma_backend import is_ibverbs_available as is_ibverbs_available
+from .rma_backend import is_rdma_available as is_rdma_available
 from .shape import Extent as Extent
 from .shape import Point as Point
 from .shape import Shape as Shape
@@ -76,6 +82,9 @@ __all__ = [
     "ProcMesh",
     "RDMAAction",
     "RDMABuffer",
+    "RDMAReadTransferWarning",
+    "RDMATcpFallbackWarning",
+    "RDMAWriteTransferWarning",
     "Remote",
     "RemoteException",
     "RemoteTensorError",
@@ -102,9 +111,12 @@ __all__ = [
     "gather",
     "get_active_mesh",
     "get_or_spawn_controller",
+    "get_rdma_backend",
     "host_mesh",
     "hosts_from_config",
     "inspect",
+    "is_ibverbs_available",
+    "is_rdma_available",
     "no_mesh",
     "reduce",
     "reduce_",

@@ -20,11 +20,12 @@ __all__ = [
 
 
 class RemoteTraceback(Exception):
-    """The traceback text of an exception raised on another process.
+    """Where an exception was raised on another process: ``### rank 3 (gpus=3) on node17 in actor 'm'``.
 
     It is attached as ``__cause__`` of the original exception, so that an
-    uncaught :class:`ActorError` prints where the remote call failed, under a
-    header naming the rank, its mesh coordinates and the host.
+    uncaught :class:`ActorError` prints the rank, its mesh coordinates and the
+    host above its own text, which holds the remote traceback itself (as
+    Monarch's does; so the traceback prints once).
     """
 
     def __str__(self) -> str:
@@ -57,6 +58,13 @@ class ActorError(Exception):
     Raised by ``Future.get()`` of ``call``, ``call_one``, ``choose`` and
     ``stream``.  The actor keeps serving: catch it like a local exception.
 
+    Its text is Monarch's: a first line ``Actor call trainers.step failed at
+    rank 3 (gpus=3) on node17 in actor 'trainers': ValueError: boom (from
+    KeyError: 'x')``, then the remote traceback with its whole chain
+    (``raise ... from`` and exceptions raised while handling others), each
+    ``Traceback`` line reading ``Traceback of where the remote call failed``.
+    ``message`` is the first line without ``Actor call ... failed``.
+
     Attributes:
         exception: the original exception (also ``__cause__``); a
             :class:`RemoteException` when the original could not travel.
@@ -70,6 +78,8 @@ class ActorError(Exception):
         actor_id: the failing actor's id (``name[rank]@island.rank``), which
             ``mpimesh.debug.pm`` uses to find its traceback; ``""`` when the
             error did not come from an actor's endpoint.
+        endpoint: ``mesh.method`` that failed (``mesh.__init__`` for a
+            constructor); ``""`` when not an actor's endpoint.
     """
 
     def __init__(
@@ -83,6 +93,7 @@ class ActorError(Exception):
         host: str = "",
         causes: tuple[str, ...] = (),
         actor_id: str = "",
+        endpoint: str = "",
     ) -> None:
         super().__init__(exception, exception_formatted, header)
         self.exception = exception
@@ -93,6 +104,7 @@ class ActorError(Exception):
         self.host = host
         self.causes = tuple(causes)
         self.actor_id = actor_id
+        self.endpoint = endpoint
         self.__cause__ = exception
 
     @property
@@ -102,22 +114,28 @@ class ActorError(Exception):
         return text + "".join(f" (from {cause})" for cause in self.causes)
 
     def __str__(self) -> str:
-        return f"remote call failed at {self.message}"
+        first = f"Actor call {self.endpoint} failed at {self.message}" if self.endpoint else (
+            f"remote call failed at {self.message}")
+        if not self.exception_formatted:
+            return first
+        remote = self.exception_formatted.rstrip("\n").replace(
+            "Traceback (most recent call last):", "Traceback of where the remote call failed (most recent call last):")
+        return f"{first}\n {remote}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_actor_error,
             (self.exception, self.exception_formatted, self.header, self.rank, self.coords, self.host, self.causes,
-             self.actor_id),
+             self.actor_id, self.endpoint),
         )
 
 
 def _rebuild_actor_error(
     exception: BaseException, formatted: str, header: str, rank: int, coords: dict[str, int], host: str,
-    causes: tuple[str, ...] = (), actor_id: str = "",
+    causes: tuple[str, ...] = (), actor_id: str = "", endpoint: str = "",
 ) -> ActorError:
     return ActorError(exception, formatted, header, rank=rank, coords=coords, host=host, causes=causes,
-                      actor_id=actor_id)
+                      actor_id=actor_id, endpoint=endpoint)
 
 
 class RemoteTensorError(Exception):

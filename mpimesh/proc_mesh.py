@@ -98,7 +98,11 @@ class ProcMesh(MeshTrait):
                 "define it as `class MyActor(mpimesh.Actor)`"
             )
         if self._stopped:
-            raise RuntimeError(f"cannot spawn on {self!r} after stop(); create new processes with spawn_procs()")
+            # Monarch's phrase, which its users match on ("`ProcMesh` has already been stopped")
+            raise RuntimeError(
+                f"cannot spawn on {self!r}: `ProcMesh` has already been stopped; "
+                "create new processes with spawn_procs()"
+            )
         table = endpoint_table(Class)  # type: ignore[arg-type]
         is_async = any(info.is_async for info in table.values())
         methods = frozenset(

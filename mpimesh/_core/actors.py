@@ -18,6 +18,7 @@ the process that spawned the actor.
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ from ..shape import Extent, Point
 from . import protocol
 from . import serialize as _serialize
 from .ports import Port, gone
-from .protocol import Frame, Key, PortRef, Status
+from .protocol import CONTROLLER, Frame, Key, PortRef, Status
 
 if TYPE_CHECKING:
     import asyncio
@@ -211,6 +212,15 @@ class _Actor:
         self._wake: asyncio.Event | None = None
         # an async actor's tasks outside the mailbox (__supervise__), kept referenced
         self._tasks: set[asyncio.Task[None]] = set()
+        # calls whose coroutine is awaiting, by a number of their own: (port, index, method);
+        # if the actor fails meanwhile their callers are told at once (Monarch, issue #14)
+        self._awaiting: dict[int, tuple[PortRef, int, str]] = {}
+        self._awaiting_ids = itertools.count()
+        # the mailbox call whose coroutine _amain awaits (its key), and whether _fail_awaiting
+        # cancelled it: a failed actor does not finish it (its stop() must not wait for it)
+        self._main_key: int | None = None
+        self._abandon = False
+        self._main_task: asyncio.Task[None] | None = None
         if is_async:
             import asyncio  # only async actors pay for it
 
@@ -294,7 +304,9 @@ class _Actor:
             return
         self.state = "failed"
         self.failure = f"aborted: {reason}"
-        self._fault(f"actor {self.actor_id} on {self.runtime.host} aborted: {reason}")
+        report = f"actor {self.actor_id} on {self.runtime.host} aborted: {reason}"
+        self._fail_awaiting(report)
+        self._fault(report)
 
     def supervise(self, failure: MeshFailure) -> None:
         """Hand a failure of a mesh this actor owns to its ``__supervise__``.
@@ -358,6 +370,7 @@ class _Actor:
         import asyncio
 
         self._wake = asyncio.Event()
+        self._main_task = task = asyncio.current_task()
         handlers = _HANDLERS
         while True:
             while not self.mailbox:
@@ -369,7 +382,15 @@ class _Actor:
             pending: list[Any] = []
             keep = handlers[type(item)](self, item, pending)
             if pending:
-                await pending[0]
+                try:
+                    await pending[0]
+                except asyncio.CancelledError:
+                    if not self._abandon:
+                        raise
+                finally:
+                    if self._abandon and task is not None:
+                        self._abandon = False
+                        task.uncancel()
             if not keep:
                 break
 
@@ -398,7 +419,7 @@ class _Actor:
             self.failure = f"{type(exc).__name__} in __init__: {exc}"
             # `initialized` fails with the exception, and the owner hears of
             # it as of any failed actor (Monarch: a supervision event).
-            self._error(item.port, self.point.rank, exc)
+            self._error(item.port, self.point.rank, exc, "__init__")
             self._report_fault(exc, "__init__")
         else:
             with self.cond:
@@ -615,20 +636,51 @@ class _Actor:
         import asyncio
 
         token = _context_var.set(ctx)
+        told = port if port is not None else failed_port
+        key = next(self._awaiting_ids)
+        if told is not None:
+            self._awaiting[key] = (told, index, method)
+        if not concurrent:
+            self._main_key = key
         try:
             result = await awaitable
         except asyncio.CancelledError:
             if not concurrent:
                 raise
-            if failed_port is not None:  # stop() cancelled it
+            if failed_port is not None and self._claim(key):  # stop() cancelled it
                 report = self._gone(method, None, f"Actor {self.actor_id} stopped before {method}() finished")
                 self.runtime.reply(failed_port, index, Status.FAILED, report)
         except BaseException as exc:
-            self._failed_call(exc, port, index, method, failed_port)
+            if told is None or self._claim(key):
+                self._failed_call(exc, port, index, method, failed_port)
         else:
-            self._answer(port, index, result, method)
+            if told is None or self._claim(key):
+                self._answer(port, index, result, method)
         finally:
+            self._awaiting.pop(key, None)
+            if not concurrent:
+                self._main_key = None
             _context_var.reset(token)
+
+    def _claim(self, key: int) -> bool:
+        # Whether the call `key` is still this coroutine's to answer (_fail_awaiting may have answered it).
+        return self._awaiting.pop(key, None) is not None
+
+    def _fail_awaiting(self, cause: str) -> None:
+        # The actor failed while calls awaited: their callers get a SupervisionError now
+        # rather than a result from a failed actor later (Monarch: pending calls fail),
+        # and the mailbox call's coroutine is cancelled, so that stop() does not wait for it.
+        awaiting = list(self._awaiting.values())
+        if self._main_key in self._awaiting and self._main_task is not None:
+            self._abandon = True
+            self._main_task.cancel()
+        self._awaiting.clear()
+        for port, index, method in awaiting:
+            try:
+                self.runtime.reply(port, index, Status.FAILED, self._gone(method, None, cause))
+            except Exception as exc:
+                print(f"mpimesh: actor {self.actor_id} telling a caller it failed: {exc}", file=sys.stderr,
+                      flush=True)
 
     def _context(self, point: RawPoint) -> Context:
         # The context of messages to `point`, kept for the next ones.
@@ -677,31 +729,39 @@ class _Actor:
                 f"cannot pickle the result of endpoint {method} ({_serialize.describe(result)}): {exc}; "
                 "return plain data, numpy arrays or tensors"
             )
-            self._error(port, index, error)
+            self._error(port, index, error, method)
 
     def _failed_call(
         self, exc: BaseException, port: PortRef | None, index: int, method: str, failed_port: PortRef | None = None,
     ) -> None:
         self.last_error = exc
         if port is not None and isinstance(exc, Exception):
-            self._error(port, index, exc)
+            self._error(port, index, exc, method)
             return
         # No caller to tell (broadcast), an endpoint that answers through its
         # own port, or not an ordinary exception: the actor fails and its
         # owner hears about it; a caller waiting gets a SupervisionError.
         self.state = "failed"
         self.failure = f"{type(exc).__name__} in {method}: {exc}"
+        # An actor owner hears first: when it is the caller, its __supervise__ has the failure
+        # before the call raises (one sender, one destination: FIFO), as in Monarch, where the
+        # call fails because of the supervision event.  The controller hears second: its
+        # default hook ends the script, which should see the SupervisionError first.
+        owner_first = tuple(self.spawner) != CONTROLLER
+        if owner_first:
+            self._report_fault(exc, method)
         told = port if port is not None else failed_port
         if told is not None:
             report = self._gone(method, None, f"Actor {self.actor_id} failed: {self.failure}")
             self.runtime.reply(told, index, Status.FAILED, report)
-        self._report_fault(exc, method)
+        if not owner_first:
+            self._report_fault(exc, method)
 
-    def _error(self, port: PortRef | None, index: int, exc: BaseException) -> None:
+    def _error(self, port: PortRef | None, index: int, exc: BaseException, method: str) -> None:
         if port is None:
             return
         payload = _serialize.error_payload(exc, self.header, self.point.rank, dict(self.point), self.runtime.host,
-                                           self.actor_id)
+                                           self.actor_id, f"{self.name}.{method}")
         self.runtime.reply(port, index, Status.ERROR, payload)
 
     def _gone(self, method: str, point: RawPoint | None, cause: str) -> str:
@@ -732,8 +792,9 @@ class _Actor:
         self.state = "failed"
         extra = f"; __supervise__ raised {type(raised).__name__}: {raised}" if raised is not None else ""
         self.failure = f"unhandled failure of its mesh {failure.mesh_name!r}{extra}"
-        self._fault(f"actor {self.actor_id} on {self.runtime.host} did not handle a failure{extra}:\n"
-                    f"  {failure.report()}")
+        report = f"actor {self.actor_id} on {self.runtime.host} did not handle a failure{extra}:\n  {failure.report()}"
+        self._fail_awaiting(report)
+        self._fault(report)
 
     def _stopped(self, done: Callable[[], None] | None) -> None:
         if self.state != "failed":

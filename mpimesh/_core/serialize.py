@@ -141,12 +141,18 @@ class ErrorPayload:
     causes: tuple[str, ...] = ()
     #: the failing actor's id (``name[rank]@island.rank``), for ``mpimesh.debug.pm``
     actor_id: str = ""
+    #: ``mesh.method`` that failed, for Monarch's "Actor call mesh.method failed" (issue #14)
+    endpoint: str = ""
 
 
 def error_payload(
-    exc: BaseException, header: str, rank: int, coords: dict[str, int], host: str, actor_id: str = ""
+    exc: BaseException, header: str, rank: int, coords: dict[str, int], host: str, actor_id: str = "",
+    endpoint: str = "",
 ) -> ErrorPayload:
-    """Capture ``exc`` (with its traceback) for the caller; ``actor_id`` names the failing actor, if any."""
+    """Capture ``exc`` (with its traceback) for the caller.
+
+    ``actor_id`` names the failing actor and ``endpoint`` its ``mesh.method``, if any.
+    """
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     data: bytes | None
     try:
@@ -156,7 +162,7 @@ def error_payload(
         data = None
     kind = type(exc)
     return ErrorPayload(data, f"{kind.__module__}.{kind.__qualname__}", str(exc), tb, header, rank, coords, host,
-                        _causes(exc), actor_id)
+                        _causes(exc), actor_id, endpoint)
 
 
 def _causes(exc: BaseException) -> tuple[str, ...]:
@@ -183,8 +189,10 @@ def raise_payload(payload: ErrorPayload) -> ActorError:
             exc = RemoteException(payload.type_name, payload.message)
     else:
         exc = RemoteException(payload.type_name, payload.message)
-    exc.__cause__ = RemoteTraceback(f"\n{payload.header}\n{payload.traceback}")
+    # The traceback itself is in the ActorError's text (as Monarch prints it);
+    # the cause names where it ran, so an uncaught error prints it once.
+    exc.__cause__ = RemoteTraceback(f"\n{payload.header}")
     return ActorError(
         exc, payload.traceback, payload.header, rank=payload.rank, coords=payload.coords, host=payload.host,
-        causes=payload.causes, actor_id=payload.actor_id,
+        causes=payload.causes, actor_id=payload.actor_id, endpoint=payload.endpoint,
     )

@@ -468,7 +468,8 @@ def test_remote_exception_is_actor_error_and_actor_lives(echo: object) -> None:
     assert err.header.startswith("### rank 1 (gpus=1) on ")
     assert "raise ValueError(message)" in err.exception_formatted
     assert isinstance(err.exception.__cause__, mpimesh.RemoteTraceback)
-    assert str(err) == f"remote call failed at {err.header[4:]}: ValueError: boom"
+    assert err.endpoint == "echo.fail"
+    assert str(err).splitlines()[0] == f"Actor call echo.fail failed at {err.header[4:]}: ValueError: boom"
     assert echo.slice(gpus=1).point.call_one().get(10)[2] == {"gpus": 1}  # type: ignore[attr-defined]
 
 

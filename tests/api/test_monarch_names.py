@@ -198,6 +198,8 @@ def test_shutdown_context_stops_every_mesh_this_process_spawned() -> None:
     assert [a.ping.call_one().get(30) for a in actors] == ["pong", "pong"]  # type: ignore[attr-defined]
     assert shutdown_context().get(60) is None
     assert [heard.recv().get(30), heard.recv().get(30)] == ["cleanup", "cleanup"]
-    with pytest.raises(RuntimeError, match=r"^cannot spawn on ProcMesh\(gpus=1\) after stop\(\)"):
+    with pytest.raises(
+        RuntimeError, match=r"^cannot spawn on ProcMesh\(gpus=1\): `ProcMesh` has already been stopped; "
+    ):
         first.spawn("again", Tidy, said)
     assert shutdown_context().get(10) is None

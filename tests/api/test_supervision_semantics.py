@@ -130,6 +130,82 @@ def test_supervise_reaches_an_async_owner_while_its_endpoint_awaits(one_proc: ob
     owner.stop().get(30)
 
 
+class RefusingOwner(Actor):
+    """An async owner whose __supervise__ does not handle the failure (returns False, or raises)."""
+
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        if self.raises:
+            raise RuntimeError("supervise refused 13")
+        return False
+
+    @endpoint
+    async def spawn_and_linger(self) -> str:
+        self.child = this_proc().spawn("child", Failing)
+        self.child.fail.broadcast()
+        await asyncio.sleep(60)  # still awaiting when this actor fails
+        return "lingered"
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["returns_false", "raises"])
+def test_an_owner_that_fails_while_its_endpoint_awaits_fails_that_call(
+    one_proc: object, faults: Faults, raises: bool
+) -> None:
+    """An owner that does not handle a failure fails; the call it was awaiting in gets SupervisionError at once,
+    naming the child's failure (and what __supervise__ raised), not a result 60 s later."""
+    owner = one_proc.spawn("refusing", RefusingOwner, raises)  # type: ignore[attr-defined]
+    extra = r"; __supervise__ raised RuntimeError: supervise refused 13" if raises else ""
+    with pytest.raises(
+        SupervisionError,
+        match=r"(?s)^Endpoint call refusing\.spawn_and_linger\(\) failed, The actor test_supervision_semantics\."
+        r"RefusingOwner refusing and all its descendants have failed: actor refusing\[0\]@\d+\.\d+ on \S+ did not "
+        rf"handle a failure{extra}:\n  MeshFailure of actor mesh 'child' .*The actor test_supervision_semantics\."
+        r"Failing child and all its descendants have failed:.*ValueError: child failed 12$",
+    ):
+        owner.spawn_and_linger.call_one().get(30)
+    assert [f.mesh_name for f in faults.wait_for("refusing")] == ["refusing"]
+    owner.stop().get(30)
+
+
+class PromptOwner(Actor):
+    """An async owner with an async __supervise__ that calls its child until the child fails."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.procs = this_host().spawn_procs(per_host={"gpus": 1})  # the child in another process
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:
+        await asyncio.sleep(0)  # a real await: it runs as a task on the actor's loop
+        self.seen.append(failure.mesh_name)
+        return True
+
+    @endpoint
+    async def fail_child(self, name: str) -> str:
+        self.child = self.procs.spawn(name, Replier)
+        try:
+            await self.child.answer.call_one(True)
+        except SupervisionError:
+            return "child failed"
+        return "child answered"
+
+    @endpoint
+    async def seen_failures(self) -> list[str]:
+        return self.seen
+
+
+def test_the_owner_hears_of_a_failure_before_its_call_to_the_child_raises(one_proc: object, faults: Faults) -> None:
+    """When the caller owns the failed actor, its __supervise__ has run by the time it asks right after the call
+    raised SupervisionError (Monarch's test_async_supervise_callback_handled asks at once)."""
+    owner = one_proc.spawn("prompt", PromptOwner)  # type: ignore[attr-defined]
+    for i in range(5):
+        assert owner.fail_child.call_one(f"replier{i}").get(30) == "child failed"
+        assert owner.seen_failures.call_one().get(30)[-1:] == [f"replier{i}"]
+    assert faults.failures == []
+    owner.stop().get(30)
+
+
 class BadChildInit(Actor):
     def __init__(self) -> None:
         raise KeyError("missing config 13")

@@ -144,8 +144,8 @@ def test_caller_sees_the_fault(fault: str, tmp_path_factory: pytest.TempPathFact
             assert row["type"] == "ActorError", job.describe()
             # The header names the actor's own point in its mesh, and its host.
             i = row["rank"]
-            assert re.fullmatch(rf"remote call failed at rank {i - 1} \(gpus={i - 1}\) on {names[1]} in actor 'w': "
-                                r"ValueError: boom 42", row["message"]), job.describe()
+            assert re.fullmatch(rf"Actor call w\.\w+ failed at rank {i - 1} \(gpus={i - 1}\) on {names[1]} "
+                                r"in actor 'w': ValueError: boom 42", row["message"].split("\n", 1)[0]), job.describe()
             assert row["seconds"] < DETECT_BOUND, job.describe()
             assert (later["type"], later["value"]) == (None, [row["host"], row["pid"]]), job.describe()
         elif fault == "hang":

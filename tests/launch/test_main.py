@@ -74,11 +74,12 @@ mesh.fail.call().get(30)
     result = run(cmd, timeout=60)
     assert result.returncode != 0
     # one report: the remote traceback chained under the controller's
-    assert result.stderr.count("mpimesh.ActorError: remote call failed") == 1, result.stderr
+    assert result.stderr.count("mpimesh.ActorError: Actor call a.fail failed") == 1, result.stderr
     assert result.stderr.count("### rank 0 (gpus=0)") == 1, result.stderr
+    assert result.stderr.count(", in fail\n") == 1, result.stderr  # the remote frame, printed once
     assert "ValueError: remote failure 42" in result.stderr
     assert "### rank 0 (gpus=0) on " in result.stderr
-    assert "mpimesh.ActorError: remote call failed at rank 0" in result.stderr
+    assert "mpimesh.ActorError: Actor call a.fail failed at rank 0" in result.stderr
     assert result.seconds < 30
     assert result.orphans == []
 

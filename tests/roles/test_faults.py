@@ -369,7 +369,8 @@ CAUSES = {
 
 def check_actor_error(row: dict[str, Any], adverb: str, text: str) -> None:
     where = rf"rank 0 \(gpus=0\) on {re.escape(row['host'])} in actor '{adverb}'"
-    assert re.fullmatch(rf"remote call failed at {where}: {text}", row["message"]), row
+    first = row["message"].split("\n", 1)[0]  # then the remote traceback, as Monarch's ActorError reads
+    assert re.fullmatch(rf"Actor call {adverb}\.\w+ failed at {where}: {text}", first), row
     assert (row["rank"], row["coords"], row["host"]) == (0, {"gpus": 0}, row["host"]), row
     assert row["cause_is_original"], row
 
