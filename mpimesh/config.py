@@ -82,9 +82,10 @@ class Config:
             smaller ones are one message per actor (``MPIMESH_CAST_TREE_MIN``).
         island_links: Whether two processes of different islands that talk
             get a direct link instead of the controller's relay
-            (``MPIMESH_ISLAND_LINKS``): ``auto`` (under Open MPI, where it was
-            measured with dead peers; docs/design/transport.md, "Direct links
-            between islands"), ``always`` or ``never``.
+            (``MPIMESH_ISLAND_LINKS``): ``never`` (the default: a CI rehearsal
+            with ``auto`` aborted once on heap corruption in the controller,
+            not reproduced; docs/design/transport.md), ``auto`` (under Open
+            MPI) or ``always``.
     """
 
     spin_us: float = 2000.0
@@ -107,7 +108,7 @@ class Config:
     spawns_across_hosts: str = "auto"
     cast_fanout: int = 8
     cast_tree_min: int = 16
-    island_links: str = "auto"
+    island_links: str = "never"
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
