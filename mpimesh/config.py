@@ -162,7 +162,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         spawns_across_hosts=_choice(env, "MPIMESH_SPAWNS_ACROSS_HOSTS", ("auto", "always")),
         cast_fanout=int(_number(env, "MPIMESH_CAST_FANOUT", Config.cast_fanout, minimum=1.0)),
         cast_tree_min=int(_number(env, "MPIMESH_CAST_TREE_MIN", Config.cast_tree_min, minimum=2.0)),
-        island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("auto", "always", "never")),
+        island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("never", "auto", "always")),
     )
 
 
