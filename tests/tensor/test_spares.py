@@ -16,8 +16,10 @@ def test_a_released_result_is_reused_for_the_next_of_its_size() -> None:
     table = {1: spares.take(MIB, torch.float32, CPU)}
     ptr = table[1].data_ptr()
     spares.give(table.pop(1))
-    assert spares.take(MIB, torch.float32, CPU).data_ptr() == ptr
-    assert spares.take(MIB, torch.float32, CPU).data_ptr() != ptr
+    again = spares.take(MIB, torch.float32, CPU)
+    assert again.data_ptr() == ptr
+    fresh = spares.take(MIB, torch.float32, CPU)  # held, so malloc cannot hand ``again``'s memory back
+    assert fresh.data_ptr() != ptr
 
 
 def test_memory_a_view_or_a_reference_still_sees_is_not_reused() -> None:
