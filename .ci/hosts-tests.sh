@@ -140,8 +140,8 @@ step mesh "$VENV/bin/mpiexec" $FLAGS --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh \
   -m pytest --with-mpi -m mesh -q --color=no $(junit mesh) tests
 # the same with every cast down a tree (fan-out 2, from 2 actors), so trees span the hosts
 # shellcheck disable=SC2086,SC2046
-step trees env MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 "$VENV/bin/mpiexec" $FLAGS -x MPIMESH_CAST_FANOUT \
-  -x MPIMESH_CAST_TREE_MIN --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh -m pytest --with-mpi -m mesh -q --color=no \
+step trees env MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 MPIMESH_CAST_NEAR_DIRECT=0 "$VENV/bin/mpiexec" $FLAGS \
+  -x MPIMESH_CAST_FANOUT -x MPIMESH_CAST_TREE_MIN -x MPIMESH_CAST_NEAR_DIRECT --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh -m pytest --with-mpi -m mesh -q --color=no \
   $(junit trees) tests
 # shellcheck disable=SC2046
 step hosts env MPIMESH_TEST_HOSTS=mh1,mh2 MPIMESH_TEST_HOSTS_REQUIRED=1 "$PY" -m pytest -q --color=no $(junit hosts) \

@@ -17,8 +17,9 @@ actor per process, then per repeat, in the same job on the same processes:
   on a communicator of the same ranks (``raw_collective``, MPI's own trees).
 
 At N = ``--big-size``: a ``--big-mib`` MiB tensor argument to a no-op
-endpoint on every actor (direct, tree with the default fan-out, tree with
-fan-out 2) against ``MPI.Bcast`` of the same bytes on the same ranks.
+endpoint on every actor (mpimesh's own choice, ``default``: direct when every
+actor runs on the controller's host; direct; tree with the default fan-out;
+tree with fan-out 2) against ``MPI.Bcast`` of the same bytes on the same ranks.
 
 The switch between direct and tree is the controller's
 ``MPIMESH_CAST_TREE_MIN`` (and ``MPIMESH_CAST_FANOUT``), set here between
@@ -47,10 +48,15 @@ from mpimesh._core.multicast import split
 from mpimesh.config import settings
 
 
-def use(tree_min: int, fanout: int) -> None:
-    """The controller's tree settings from now on (benchmark only: the settings are frozen for users)."""
+def use(tree_min: int, fanout: int, near: int = 0) -> None:
+    """The controller's tree settings from now on (benchmark only: the settings are frozen for users).
+
+    ``near``: ``MPIMESH_CAST_NEAR_DIRECT``; 0 (the default here) keeps large casts on the tree
+    even when every actor runs on the controller's host, so that ``tree`` measures the tree.
+    """
     object.__setattr__(settings, "cast_tree_min", tree_min)
     object.__setattr__(settings, "cast_fanout", fanout)
+    object.__setattr__(settings, "cast_near_direct", near)
 
 
 class Meter:
@@ -202,15 +208,18 @@ def main() -> None:
 
             nbytes = args.big_mib << 20
             t = torch.ones(nbytes // 4, dtype=torch.float32)
-            for mode, tree_min, fanout in (("direct", 1 << 30, args.fanout), ("tree", 2, args.fanout),
-                                           ("tree_fanout_2", 2, 2)):
-                use(tree_min, fanout)
+            # default: mpimesh's own choice (MPIMESH_CAST_TREE_MIN=16, MPIMESH_CAST_NEAR_DIRECT=1 MiB)
+            for mode, tree_min, fanout, near in (
+                ("default", 16, args.fanout, 1 << 20), ("direct", 1 << 30, args.fanout, 0),
+                ("tree", 2, args.fanout, 0), ("tree_fanout_2", 2, 2, 0),
+            ):
+                use(tree_min, fanout, near)
                 timed(mesh, 1, t)
                 big[mode] = r(median(timed(mesh, 1, t)[0]["median_us"] for _ in range(args.big_calls)) / 1e3)
             if pool:
                 ns, _ = raw_collective(mesh, ranks, 1 + args.big_calls, nbytes)
                 big["raw_bcast"] = r(median(ns[1:]) / 1e6)
-                for mode in ("direct", "tree", "tree_fanout_2"):
+                for mode in ("default", "direct", "tree", "tree_fanout_2"):
                     big[f"{mode}_ratio"] = ratio(big[mode], big["raw_bcast"])
         use(16, args.fanout)
         procs.stop().get(300)

@@ -80,6 +80,11 @@ class Config:
             (``MPIMESH_CAST_FANOUT``; see ``_core.multicast``).
         cast_tree_min: Casts to at least this many actors go down a tree;
             smaller ones are one message per actor (``MPIMESH_CAST_TREE_MIN``).
+        cast_near_direct: A cast with at least this many bytes of buffers
+            (tensors, arrays) whose actors all run on the caller's host goes
+            straight to each, tree or not (``MPIMESH_CAST_NEAR_DIRECT``;
+            0: never): each receiver copies its own message out of shared
+            memory, in parallel, where a tree copies it once per level.
         island_links: Whether two processes of different islands that talk
             get a direct link instead of the controller's relay
             (``MPIMESH_ISLAND_LINKS``): ``never`` (the default: a CI rehearsal
@@ -108,6 +113,7 @@ class Config:
     spawns_across_hosts: str = "auto"
     cast_fanout: int = 8
     cast_tree_min: int = 16
+    cast_near_direct: int = 1 << 20
     island_links: str = "never"
 
 
@@ -162,6 +168,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         spawns_across_hosts=_choice(env, "MPIMESH_SPAWNS_ACROSS_HOSTS", ("auto", "always")),
         cast_fanout=int(_number(env, "MPIMESH_CAST_FANOUT", Config.cast_fanout, minimum=1.0)),
         cast_tree_min=int(_number(env, "MPIMESH_CAST_TREE_MIN", Config.cast_tree_min, minimum=2.0)),
+        cast_near_direct=int(_number(env, "MPIMESH_CAST_NEAR_DIRECT", Config.cast_near_direct)),
         island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("never", "auto", "always")),
     )
 

@@ -121,7 +121,8 @@ class ProcMesh(MeshTrait):
             ) from exc
         addrs = [self._addrs[i] for i in self._shape.ranks()]
         ref, initialized = _calls.MeshRef.spawn(
-            name, f"{Class.__module__}.{Class.__qualname__}", self._shape, addrs, is_async, body, buffers
+            name, f"{Class.__module__}.{Class.__qualname__}", self._shape, addrs, is_async, body, buffers,
+            [self._hosts[i] for i in self._shape.ranks()],
         )
         mesh: ActorMesh[T] = ActorMesh(
             ref=ref,

@@ -38,9 +38,10 @@ mpi_runs() {
   done
   # Every cast down a tree (fan-out 2, from 2 actors; issue #16): the whole
   # suite again, so that order, faults and slices hold on the forwarded path.
-  echo "== $label: the same at n=4, every cast down a tree (MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2)"
+  echo "== $label: the same at n=4, every cast down a tree (MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2" \
+       "MPIMESH_CAST_NEAR_DIRECT=0)"
   next_report
-  MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 timeout 900 "${mpiexec[@]}" -n 4 "$venv/bin/python" -m mpimesh \
+  MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 MPIMESH_CAST_NEAR_DIRECT=0 timeout 900 "${mpiexec[@]}" -n 4 "$venv/bin/python" -m mpimesh \
     -m pytest --with-mpi -m mesh -q --color=no "$report" tests
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -200,6 +201,28 @@ def python_cmd(*args: str) -> list[str]:
 #: Seconds a job may take to end after its script printed its END line.
 #: Workers stuck in an endpoint are ended through the fault tests'
 #: MPIMESH_SHUTDOWN_TIMEOUT=2 and MPIMESH_CLEANUP_TIMEOUT=1.
+WITHOUT_A_WORD = (r"exited without a word \(os\._exit, SIGKILL or the OOM killer; "
+                  r"the launcher's log has its exit status\)")
+
+
+def death_cause_re(code: int | None, sig: int | None = None) -> str:
+    """The cause a same-host worker's death report gives when it left no last words: exit ``code`` or signal ``sig``.
+
+    The controller reads the wait status through its pidfd (``_roles.exits``):
+    Linux 6.15+ keeps it after the launcher's reap; before, only the zombie's
+    ``/proc`` entry has it, a race with the launcher, so either text may come.
+    """
+    if sig is not None:
+        name = signal.Signals(sig).name
+        known = (rf"the process this actor was running on failed: Killed\(sig={sig}\) \({name} from outside the "
+                 r"process: kill, the OOM killer or the launcher\)")
+    else:
+        known = (rf"the process this actor was running on exited with code {code} without a word \(os\._exit or an "
+                 r"exit from C: no Python exception to report\)")
+    release = tuple(int(p) for p in platform.release().split("-")[0].split(".")[:2])
+    return known if release >= (6, 15) else f"(?:{known}|{WITHOUT_A_WORD})"
+
+
 EXIT_BOUND = 12.0
 
 

@@ -70,8 +70,6 @@ def unpack(body: list[Any], buffers: list[Any]) -> list[tuple[Any, list[Any]]]:
 class Receiver:
     """Something waiting for replies on a port."""
 
-    __slots__ = ()
-
     what: str
     #: processes that still owe a reply (for failure propagation); each
     #: receiver removes the ones that answered or failed
@@ -79,6 +77,8 @@ class Receiver:
     #: how the replies of a cast down a tree travel to it (``_core.multicast``):
     #: 0 each straight here, 1 gathered up the tree, bytes: folded on the way (``_core.folds``)
     gather: int | bytes = 0
+    #: the called actors' class (``module.Class``) when known, for error texts (Monarch's ``The actor Class mesh``)
+    actor: str = ""
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         """Take one reply; return True when the port can close."""
@@ -90,7 +90,7 @@ class Receiver:
 
     def error(self, report: str, where: str = "") -> SupervisionError:
         """The SupervisionError a waiter on this port gets."""
-        return SupervisionError(gone(self.what, where, report), endpoint=self.what)
+        return SupervisionError(gone(self.what, where, report, self.actor), endpoint=self.what)
 
 
 def point_text(shape: Shape, rank: int) -> str:

@@ -117,6 +117,8 @@ class Runtime:
         # The failures' own tables, read on every reply and call: no property in between.
         self.dead: dict[Addr, str] = self.failures.dead
         self.owned: dict[Key, Owned] = self.failures.owned
+        #: the host of each process this one spawned actors on (a large cast to its own host goes direct: ``calls``)
+        self.hosts: dict[Addr, str] = {}
         self._poll_errors: set[str] = set()
         # run by the polling thread about once per millisecond (see _every_ms)
         self._ticks: list[Callable[[], None]] = [self.failures.check_reported]

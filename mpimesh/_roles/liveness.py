@@ -74,6 +74,7 @@ from .._core.logs import debug
 from .._core.protocol import Frame
 from .._transport.bell import bell_path, job_dir
 from ..config import settings
+from .exits import describe, exit_status
 
 __all__ = [
     "BUSY_CPU", "PING_AFTER", "Liveness", "Process", "job_dir", "last_words_path", "progress", "start_last_words",
@@ -318,8 +319,9 @@ class Liveness:
         for fd, _ in self._poller.poll(0):
             addr = self._fds.get(fd)
             if addr is not None:
+                status = exit_status(fd, self._pids.get(addr, 0))  # while the pidfd is still open
                 self.forget(addr)
-                self.rt.failures.declare_dead(addr, self.cause(addr))
+                self.rt.failures.declare_dead(addr, self.cause(addr, status))
 
     def heartbeat(self) -> None:
         """PING quiet workers; declare dead those silent past the timeout."""
@@ -382,8 +384,8 @@ class Liveness:
             return True  # no measure of this silence yet: give it one window
         return cpu - quiet[1] >= BUSY_CPU * (now - quiet[2])
 
-    def cause(self, addr: Addr) -> str:
-        """Why ``addr`` died, from its last words if it left any."""
+    def cause(self, addr: Addr, status: int | None = None) -> str:
+        """Why ``addr`` died: from its last words if it left any, else from its wait status if known."""
         path = last_words_path(self.rt.pid, addr)
         try:
             with open(path) as f:
@@ -397,7 +399,7 @@ class Liveness:
                 number = _FATAL_SIGNALS.get(what)
                 monarch = f", Killed(sig={number})" if number else ""  # as Monarch names it
                 return f"killed by a fatal signal ({what}{monarch})"
-        return "exited without a word (os._exit, SIGKILL or the OOM killer; the launcher's log has its exit status)"
+        return describe(status)
 
     def close(self) -> None:
         """Stop watching everything and remove the job's last-words directory."""

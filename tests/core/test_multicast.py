@@ -245,6 +245,7 @@ print("END", flush=True)
 ENV = {
     "MPIMESH_CAST_FANOUT": "2",
     "MPIMESH_CAST_TREE_MIN": "2",
+    "MPIMESH_CAST_NEAR_DIRECT": "0",  # large casts down the tree too, though every actor is on this host
     "MPIMESH_SHUTDOWN_TIMEOUT": "5",
 }
 
@@ -276,7 +277,7 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     # stream() yields in the order the replies come
     errors = [a[1] for a in rows["after_death"] if a[0] == "SupervisionError"]
     values = sorted(a for a in rows["after_death"] if a[0] != "SupervisionError")
-    assert len(errors) == 1 and errors[0].startswith("Endpoint call r.echo() failed, The actor r{'gpus': 0/8} "), \
+    assert len(errors) == 1 and errors[0].startswith("Endpoint call r.echo() failed, The actor __main__.R r{'gpus': 0/8} "), \
         job.describe()
     assert values == [[r, "x"] for r in range(1, 8)], job.describe()
     # to rank 0's subtree, once it was known dead; none when the controller found rank 0 stopped
@@ -285,7 +286,7 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     assert rows["healthy"] == [[r, "y"] for r in range(7)], job.describe()
     # ranks 6 and 7 answered again, straight from their processes: the call ends with rank 5's failure
     assert rows["relay_died"][0] == "SupervisionError", job.describe()
-    assert rows["relay_died"][1].startswith("Endpoint call r.echo_slow() failed, The actor r{'gpus': 4/7} "), \
+    assert rows["relay_died"][1].startswith("Endpoint call r.echo_slow() failed, The actor __main__.R r{'gpus': 4/7} "), \
         job.describe()
     assert rows["healthy2"] == [[r, "w"] for r in range(2)], job.describe()
     # folds: one partial per child of the controller; Monarch's Accumulator with merge, slices, tensors
@@ -295,7 +296,7 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     assert rows["merge_error"] == "picky: too large", job.describe()
     # the dead relay's rank fails the fold (gpus 3 is rank 2 of the view); rank 4 answered around it
     assert rows["fold_relay_died"][0] == "SupervisionError", job.describe()
-    assert rows["fold_relay_died"][1].startswith("Endpoint call r.times() failed, The actor r{'gpus': 2/4} "), \
+    assert rows["fold_relay_died"][1].startswith("Endpoint call r.times() failed, The actor __main__.R r{'gpus': 2/4} "), \
         job.describe()
     assert rows["fold_after"] == [1, 0], job.describe()  # ranks in the views: 0 + 1, and 0
     assert rows["hook"] == [["r", [0]], ["r", [5]], ["r", [3]]], job.describe()
@@ -305,3 +306,55 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     assert job.returncode == 0, job.describe()
     assert job.orphans == [], job.describe()
     json.dumps(rows)  # the rows are plain data
+
+
+NEAR = r'''
+import json
+import torch
+import mpimesh
+from mpimesh import Actor, endpoint, this_host
+from mpimesh._core import current
+
+
+class S(Actor):
+    @endpoint
+    def total(self, t):
+        return float(t.double().sum())
+
+    @endpoint
+    def forwarded(self):
+        return current.current().multicast.statistics().casts_forwarded
+
+
+def emit(**row):
+    print("ROW " + json.dumps(row), flush=True)
+
+
+m = this_host().spawn_procs(per_host={"gpus": 4}).spawn("s", S)
+rt = current.current()
+big, small = torch.ones(1 << 18), torch.ones(4)  # 1 MiB of float32, 16 bytes
+for name, t in (("big", big), ("small", small)):
+    m.total.call(t).get(60)  # warm: call sites, pools
+    before = rt.router.frames_out
+    values = list(m.total.call(t).get(60).values())
+    emit(adverb=name, frames=rt.router.frames_out - before, values=values)
+emit(adverb="forwarded", value=list(m.forwarded.call().get(30).values()))
+print("END", flush=True)
+'''
+
+
+@pytest.mark.parametrize("near", [None, "0"])
+def test_a_large_cast_to_this_host_goes_direct(near: str | None, tmp_path: Path) -> None:
+    """At ``MPIMESH_CAST_NEAR_DIRECT`` bytes (1 MiB) and more, a cast whose actors all run on the caller's host
+    leaves it as one message per actor, tree or not; a small one still goes down the tree.  Set to 0: trees."""
+    path = tmp_path / "near.py"
+    path.write_text(NEAR)
+    env = {"MPIMESH_CAST_FANOUT": "2", "MPIMESH_CAST_TREE_MIN": "2", "MPIMESH_CAST_NEAR_DIRECT": near}
+    job = mpitest.run_job(python_cmd("-m", "mpimesh", str(path)), timeout=120, env=env, exit_bound=EXIT_BOUND)
+    rows = job.rows
+    assert rows["big"]["values"] == [float(1 << 18)] * 4 and rows["small"]["values"] == [4.0] * 4, job.describe()
+    assert rows["small"]["frames"] == 2, job.describe()  # the controller's two children
+    assert rows["big"]["frames"] == (4 if near is None else 2), job.describe()
+    # each child of the controller forwarded the small casts (and the call asking), the big ones only at 0
+    assert rows["forwarded"]["value"] == ([3, 0, 3, 0] if near is None else [5, 0, 5, 0]), job.describe()
+    assert not job.hung and job.returncode == 0 and job.orphans == [], job.describe()

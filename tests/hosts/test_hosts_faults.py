@@ -48,7 +48,7 @@ DETECT_BOUND = 2.0
 AT_ONCE = 0.5
 #: What a call to a failed actor says before the cause (Monarch's phrase, which its users match on)
 #: How a failed call to the actor of a one-actor slice begins (Monarch's words)
-GONE = "failed, The actor w and all its descendants have failed: "
+GONE = r"failed, The actor __main__\.W w and all its descendants have failed: "
 
 MATRIX = PREAMBLE + r'''
 fault = sys.argv[1]

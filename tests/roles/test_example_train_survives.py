@@ -36,8 +36,9 @@ def test_train_survives(launch: str) -> None:
     assert re.search(r"^supervision: MeshFailure of actor mesh 'trainers' \(__main__\.Trainer\): rank=2 \(gpus=2\) "
                      r"failed, crashed_ranks=\[2\]: The actor __main__\.Trainer trainers\{'gpus': 2/4\} and all its "
                      r"descendants have failed:$", out, re.M), job.describe()
-    assert re.search(r"^step 20: trainer 2 is gone: Endpoint call trainers\.grad\(\) failed, The actor trainers and "
-                     r"all its descendants have failed: process \d+\.\d+ \(pid \d+\) on \S+ died: ", out, re.M), \
+    assert re.search(r"^step 20: trainer 2 is gone: Endpoint call trainers\.grad\(\) failed, The actor "
+                     r"__main__\.Trainer trainers and all its descendants have failed: process \d+\.\d+ \(pid \d+\) "
+                     r"on \S+ died: ", out, re.M), \
         job.describe()
     assert "restored the weights of step 19, repeating the step" in out, job.describe()
     final = re.search(r"^final weights \[2\.0000, -3\.0000, 0\.5000\] bias 1\.0000 \(loss \S+; "

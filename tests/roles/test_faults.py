@@ -36,7 +36,7 @@ from typing import Any
 
 import mpitest
 import pytest
-from mpitest import EXIT_BOUND, Job, mpiexec_cmd, python_cmd
+from mpitest import EXIT_BOUND, Job, death_cause_re, mpiexec_cmd, python_cmd
 
 pytestmark = pytest.mark.subprocess
 
@@ -56,9 +56,12 @@ AT_ONCE = 0.5
 ONE = r"\{'gpus': 0/1\}"
 
 
-def gone(what: str, who: str) -> str:
-    """The start of a failed call's SupervisionError, in Monarch's words (regexes: ``mesh\\.method``, the actor)."""
-    return rf"Endpoint call {what}\(\) failed, The actor {who} and all its descendants have failed: "
+def gone(what: str, who: str, cls: str = "W") -> str:
+    """The start of a failed call's SupervisionError, in Monarch's words (regexes: ``mesh\\.method``, the actor).
+
+    The actor is named with its class, ``__main__.cls``, as Monarch's display name has it.
+    """
+    return rf"Endpoint call {what}\(\) failed, The actor __main__\.{cls} {who} and all its descendants have failed: "
 
 
 def mesh_failed(name: str, cls: str = "W") -> str:
@@ -357,12 +360,10 @@ def lost_cause(text: str) -> None:
     assert "reported failed by MPI" not in text, text
 
 
-WITHOUT_A_WORD = (r"exited without a word \(os\._exit, SIGKILL or the OOM killer; "
-                  r"the launcher's log has its exit status\)")
 CAUSES = {
-    "exit0": WITHOUT_A_WORD,
-    "exit1": WITHOUT_A_WORD,
-    "sigkill": WITHOUT_A_WORD,
+    "exit0": death_cause_re(0),
+    "exit1": death_cause_re(1),
+    "sigkill": death_cause_re(None, signal.SIGKILL),
     "sigsegv": r"killed by a fatal signal \(Segmentation fault, Killed\(sig=11\)\)",
 }
 
@@ -415,7 +416,7 @@ def check_cell(fault: str, launch: str, adverb: str, row: dict[str, Any]) -> Non
             "MeshFailure of actor mesh 'broadcast' (__main__.W): rank=0 (gpus=0) failed, crashed_ranks=[0]: "), row
         assert failure["seconds"] < DETECT_BOUND, row
         assert row["later_type"] == "SupervisionError", row
-        later = gone(r"broadcast\.pid", r"__main__\.W broadcast" + ONE)
+        later = gone(r"broadcast\.pid", "broadcast" + ONE)
         assert re.fullmatch(rf"{later}Actor broadcast\[0\]@\d+\.\d+ is unhealthy with reason: {raised}",
                             row["later_message"]), row
         assert row["later_seconds"] < AT_ONCE, row
@@ -751,7 +752,7 @@ def test_supervise(launch: str, mode: str, tmp_path: Path) -> None:
         assert failure["seconds"] < DETECT_BOUND, job.describe()
         later = rows["later"]
         assert later["type"] == "SupervisionError", job.describe()
-        refused = gone(r"owner\.pid", r"__main__\.Owner owner" + ONE)
+        refused = gone(r"owner\.pid", "owner" + ONE, "Owner")
         assert re.fullmatch(rf"{refused}Actor owner\[0\]@\d+\.\d+ is unhealthy with reason: unhandled failure of "
                             rf"its mesh 'child'{re.escape(raised)}", later["message"]), job.describe()
     assert rows["recover"]["type"] is None, job.describe()

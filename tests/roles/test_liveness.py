@@ -388,7 +388,7 @@ def test_worker_hung_in_c_is_declared_dead(kind: str, tmp_path: Path) -> None:
     silent = rf"stopped answering: silent for \d+\.\d s \(MPIMESH_HEARTBEAT_TIMEOUT={JOB_TIMEOUT:g}\)"
     died = rf"process [1-9]\d*\.\d+ \(pid {load['pid']}\) on \S+ died: {silent}"
     assert load["type"] == "SupervisionError", job.describe()
-    gone = r"Endpoint call w\.load\(\) failed, The actor w and all its descendants have failed: "
+    gone = r"Endpoint call w\.load\(\) failed, The actor __main__\.W w and all its descendants have failed: "
     assert re.fullmatch(gone + died, load["message"]), job.describe()
     assert load["seconds"] < JOB_TIMEOUT + 4.0, job.describe()  # silence counts from the last frame, before the call
     assert rows["later"]["type"] == "SupervisionError", job.describe()
