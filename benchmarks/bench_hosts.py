@@ -19,8 +19,9 @@ the same link (TCP over a veth pair and a bridge), in the same job.
   ``initialized``, the steady calls after it, and raw ``Send``/``Recv``.
   Targets: >= 0.8x raw, first <= 2x steady.
 * X6: ``bench_b6.py`` as it is (``RDMABuffer.read_into`` of 64 MiB against
-  ``Win.Allocate`` + ``Get``); and this file's ``rdma`` job: the same reads
-  against a raw ``Send``/``Recv`` of 64 MiB.  Target: >= 0.8x raw.
+  ``Win.Allocate`` + ``Get``); and this file's ``rdma`` job: the same reads,
+  then as many ``write_from`` of 64 MiB, against a raw ``Send``/``Recv`` of
+  64 MiB.  Target: >= 0.8x raw.
 * X7: ``bench_b7.py``'s job side as it is, under ``mpiexec --with-ft ulfm``
   with the PRRTE settings ``mpimesh run`` adds, and every pool worker on mh2:
   ``sigkill`` (the controller kills the worker: the hosts share one PID
@@ -146,13 +147,21 @@ def job_rdma(reads: int) -> None:
         t = time.perf_counter()
         handle.read_into(dst, timeout=120).get(120)
         times.append((time.perf_counter() - t) * 1e3)
+    writes = []
+    for _ in range(reads + 2):
+        t = time.perf_counter()
+        handle.write_from(dst, timeout=120).get(120)
+        writes.append((time.perf_counter() - t) * 1e3)
     fut = one.raw_peer.call_one(NB, reads + 2)
     raw = [s * 1e3 for s in _bulk.sendrecv_root(MPI.COMM_WORLD, rank, dst.numpy(), reads + 2)]
     fut.get(120)
     ours, base = statistics.median(times[2:]), statistics.median(raw[2:])
+    wrote = statistics.median(writes[2:])
     print(json.dumps({"actor_host": host, "backend": handle.backend, "read_ms": round(ours, 2),
                       "raw_send_ms": round(base, 2), "ratio": round(base / ours, 2),
-                      "reads_ms": [round(t, 1) for t in times]}), flush=True)
+                      "write_ms": round(wrote, 2), "write_ratio": round(base / wrote, 2),
+                      "reads_ms": [round(t, 1) for t in times], "writes_ms": [round(t, 1) for t in writes]}),
+          flush=True)
     handle.drop().get(60)
 
 
@@ -304,7 +313,8 @@ def one_run(what: list[str], fl: list[str], hosts: list[str], args: argparse.Nam
                      "raw_get_ms": b6.get("baseline_median_ms"), "ratio_vs_get": b6.get("ratio_gbps"),
                      "error": b6.get("error")})
         rd = job("X6send", [*pair, __file__, "--job", "rdma", "--reads", "8"], 600)
-        rows.append({k: rd.get(k) for k in ("bench", "backend", "read_ms", "raw_send_ms", "ratio", "error")})
+        rows.append({k: rd.get(k) for k in ("bench", "backend", "read_ms", "raw_send_ms", "ratio", "write_ms",
+                                             "write_ratio", "error")})
     if "x7" in what:
         k = args.x7_workers
         many = [mpiexec, *fl, "--with-ft", "ulfm", "--host", f"{hosts[0]}:1,{hosts[1]}:{k}", "-n", str(k + 1)]

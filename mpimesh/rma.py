@@ -52,6 +52,7 @@ from ._core import calls as _calls
 from ._core.calls import Here
 from ._data import buffers as _buffers
 from ._data import cma as _cma
+from ._data import pulls as _pulls
 from ._data.registry import registry as _registry
 from .context import context
 from .errors import SupervisionError
@@ -62,7 +63,8 @@ __all__ = ["RDMABuffer", "RDMAAction"]
 Addr = tuple[int, int]
 
 _DEFAULT_TIMEOUT = 60.0
-# Tests and benchmarks force a path ("cma" or "mpi"); None: choose.
+# Tests and benchmarks force a path: "cma", or "mpi" (not "cma"), or for reads "pull" or "window"
+# (MPI: a two-sided pull, ``_data.pulls``, or the island's window); None: choose.
 _force: str | None = None
 
 
@@ -285,13 +287,15 @@ class RDMABuffer:
             )
         return memory
 
-    def _path(self, here: Here) -> str:
+    def _path(self, here: Here, op: str = "read") -> str:
         h = self._h
         if h.pid == os.getpid() and h.owner == here.addr:
             return "local"
-        if _force != "mpi" and h.host == here.host and h.device == "cpu" and _cma.available() \
+        if _force in (None, "cma") and h.host == here.host and h.device == "cpu" and _cma.available() \
                 and h.pid not in _cma_refused:
             return "cma"
+        if op == "read" and self._pulls(here):
+            return "mpi"
         from ._data.windows import unavailable, window
 
         win = window()
@@ -316,7 +320,7 @@ class RDMABuffer:
         here = _calls.here()
         fut: Future[None] = Future(f"RDMABuffer.{'read_into' if op == 'read' else 'write_from'}()")
         self._alive(here)
-        path = self._path(here)
+        path = self._path(here, op)
         if path == "mpi":
             self._mpi(here, op, memory, nbytes, timeout, fut)
             return fut
@@ -411,7 +415,7 @@ class RDMABuffer:
         h = self._h
         zero = np.zeros(1, np.uint64)
         fut: Future[None] = Future("RDMABuffer.drop()")
-        if self._path(here) == "cma":
+        if self._path(here, "drop") == "cma":
             value = np.zeros(1, np.uint64)
             _cma.read(h.pid, h.slot, int(value.ctypes.data), 8)
             if int(value[0]) == h.token:
@@ -422,18 +426,33 @@ class RDMABuffer:
                   fut)
         return fut
 
+    def _pulls(self, here: Here) -> bool:
+        """Whether a read goes as a pull (``_data.pulls``).
+
+        It does when the owner's memory is on its CPU, one message carries it,
+        and this process has a direct MPI link to the owner (unless forced elsewhere).
+        """
+        h = self._h
+        return (_force in (None, "mpi", "pull") and h.device == "cpu" and h.size <= _pulls.MAX_BYTES
+                and here.pulls.reaches(h.owner))
+
     def _mpi(self, here: Here, op: str, memory: _buffers.Memory, nbytes: int, timeout: float,
              fut: Future[None]) -> None:
         from ._data.windows import Transfer, window
 
-        win = window()
-        if win is None:  # _path() chose "mpi": there is one
-            raise ConnectionError(f"no MPI window in process {here.addr[0]}.{here.addr[1]}")
         name = {"read": "read_into", "write": "write_from", "drop": "drop"}[op]
 
         def error(kind: str) -> BaseException:
-            return self._dead(here, "dead") if kind == "dead" else self._dropped_error(name)
+            if kind.startswith("dead"):
+                return self._dead(here, kind[len("dead: "):] or "dead")
+            return self._dropped_error(name)
 
+        if op == "read" and self._pulls(here):
+            _pulls.Pull(here.pulls, here.dead, self._h, repr(self), memory, nbytes, timeout, fut, error).start()
+            return
+        win = window()
+        if win is None:  # _path() chose "mpi": there is one
+            raise ConnectionError(f"no MPI window in process {here.addr[0]}.{here.addr[1]}")
         Transfer(win, here.dead, self._h, repr(self), op, memory, nbytes, timeout, fut, error).start()
 
 

@@ -42,6 +42,7 @@ from .ports import Gather, OneReply, Port, PortReceiver, Queue, Receiver
 from .protocol import Frame, Key, PortRef
 
 if TYPE_CHECKING:
+    from .._data.pulls import Pulls
     from .runtime import Runtime
 
 __all__ = ["Here", "MeshRef", "allocate_procs", "here", "job_hosts", "named_actor", "open_channel", "release_procs"]
@@ -69,6 +70,10 @@ class Here(Protocol):
     @property
     def dead(self) -> dict[Addr, str]:
         """Every process known dead, with the report of its death (read only)."""
+
+    @property
+    def pulls(self) -> Pulls:
+        """This process's reads of RDMABuffers by pull (``_data.pulls``)."""
 
 
 def here() -> Here:

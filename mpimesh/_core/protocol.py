@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Final, NamedTuple
 
-from .._transport.frames import BATCH, CONTROLLER, FORWARD, LINK, MARK, PING, TAG_DATA, TAG_FRAME, Addr, Frame
+from .._transport.frames import BATCH, CONTROLLER, FORWARD, LINK, MARK, PING, PULL, TAG_DATA, TAG_FRAME, Addr, Frame
 from .._transport.frames import link as link
 from .._transport.frames import mark as mark
+from .._transport.frames import pull as pull
 
 #: Job-wide unique id of an actor mesh: ``(island, rank, counter)`` of its spawner.
 Key = tuple[int, int, int]
@@ -58,6 +59,7 @@ class Kind:
     PART: Final = 20
     LINK: Final = LINK
     MARK: Final = MARK
+    PULL: Final = PULL
 
 
 class Status:
@@ -318,6 +320,7 @@ def seq(bufsizes: tuple[int, ...] | None, sender: Addr, sequence: int, inner: Fr
 
 _declare(LINK, "LINK", "op peer port", "_transport.peers.Peers.on_link")
 _declare(MARK, "MARK", "sender", "_transport.peers.Peers.on_mark")
+_declare(PULL, "PULL", "token nbytes tag", "_data.pulls.Pulls.on_pull")
 
 #: kind -> its name, for messages.
 NAMES: dict[int, str] = {kind: spec.name for kind, spec in KINDS.items()}

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._data.pulls import Pulls
 from .._transport import make_router
 from .._transport.mpi import hostname
 from .._transport.peers import Peers, enabled
@@ -112,6 +113,8 @@ class Runtime:
         self.multicast = Multicast(self)
         #: direct links to processes of other islands (``_transport.peers``)
         self.peers = Peers(self.router, enabled())
+        #: reads of RDMABuffers on other hosts, and the owner's side of them (``_data.pulls``)
+        self.pulls = Pulls(self.router)
         #: the dispatch table itself (kind -> handler), for frames delivered late (``multicast``)
         self.dispatch = self._handlers
         # The failures' own tables, read on every reply and call: no property in between.
@@ -148,6 +151,7 @@ class Runtime:
             (Kind.PART, self.multicast.on_part),
             (Kind.LINK, self.peers.on_link),
             (Kind.MARK, self.peers.on_mark),
+            (Kind.PULL, self.pulls.on_pull),
         ):
             self.handle(kind, handler)
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 __all__ = [
-    "Addr", "BATCH", "CONTROLLER", "FORWARD", "Frame", "LINK", "MARK", "PING", "TAG_DATA", "TAG_FRAME", "batch",
-    "forward", "link", "mark",
+    "Addr", "BATCH", "CONTROLLER", "FORWARD", "Frame", "LINK", "MARK", "PING", "PULL", "TAG_DATA", "TAG_FRAME", "batch",
+    "forward", "link", "mark", "pull",
 ]
 
 #: A process's address ``(island, rank)``: island 0 is the launch world, island
@@ -48,6 +48,13 @@ BATCH: Final = 15
 LINK: Final = 21
 #: worker -> worker, relayed: the last frame from ``sender`` on the relay path: ``(sender,)``.
 MARK: Final = 22
+#: reader -> an RDMABuffer's owner: send ``nbytes`` of the buffer of ``token`` on ``tag``: ``(token, nbytes, tag)``.
+PULL: Final = 23
+
+
+def pull(token: int, nbytes: int, tag: int) -> Frame:
+    """A ``PULL`` frame: reader -> owner: send ``nbytes`` of the RDMABuffer of ``token`` on ``tag`` (``pulls``)."""
+    return (PULL, None, token, nbytes, tag)
 
 
 def batch(frames: list[bytes]) -> Frame:

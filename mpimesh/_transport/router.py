@@ -427,6 +427,21 @@ class Router:
             frame = (frame[0], layout(buffers), *frame[2:])
         self.send_raw(dest, pickle.dumps(frame, protocol=5), buffers)
 
+    def link_of(self, dest: Addr) -> tuple[MPI.Comm, int] | None:
+        """The communicator and rank that reach ``dest`` directly, or None (relayed, or no route).
+
+        For messages of the caller's own tags (the data plane's pulls); frames go through :meth:`send`.
+        """
+        link = self._routes.get(dest[0])
+        if link is not None and dest != self.addr:
+            comm = link.comm
+            size = comm.Get_remote_size() if isinstance(comm, MPI.Intercomm) else comm.Get_size()
+            return (comm, dest[1]) if 0 <= dest[1] < size else None
+        if dest == CONTROLLER and self._parent is not None:
+            return self._parent.comm, 0
+        peer = self._peers.get(dest)
+        return (peer.comm, 0) if peer is not None else None
+
     def send_quiet(self, dest: Addr, frame: Frame) -> None:
         """Send a frame that need not wake its receiver (a heartbeat).
 

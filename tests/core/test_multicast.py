@@ -277,8 +277,8 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     # stream() yields in the order the replies come
     errors = [a[1] for a in rows["after_death"] if a[0] == "SupervisionError"]
     values = sorted(a for a in rows["after_death"] if a[0] != "SupervisionError")
-    assert len(errors) == 1 and errors[0].startswith("Endpoint call r.echo() failed, The actor __main__.R r{'gpus': 0/8} "), \
-        job.describe()
+    failed = "Endpoint call r.{}() failed, The actor __main__.R r{} "
+    assert len(errors) == 1 and errors[0].startswith(failed.format("echo", "{'gpus': 0/8}")), job.describe()
     assert values == [[r, "x"] for r in range(1, 8)], job.describe()
     # to rank 0's subtree, once it was known dead; none when the controller found rank 0 stopped
     # (liveness reads /proc) before it cast, and sent around it from the start
@@ -286,8 +286,7 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     assert rows["healthy"] == [[r, "y"] for r in range(7)], job.describe()
     # ranks 6 and 7 answered again, straight from their processes: the call ends with rank 5's failure
     assert rows["relay_died"][0] == "SupervisionError", job.describe()
-    assert rows["relay_died"][1].startswith("Endpoint call r.echo_slow() failed, The actor __main__.R r{'gpus': 4/7} "), \
-        job.describe()
+    assert rows["relay_died"][1].startswith(failed.format("echo_slow", "{'gpus': 4/7}")), job.describe()
     assert rows["healthy2"] == [[r, "w"] for r in range(2)], job.describe()
     # folds: one partial per child of the controller; Monarch's Accumulator with merge, slices, tensors
     assert rows["frames_in_per_reduce"] < 3, job.describe()
@@ -296,8 +295,7 @@ def test_tree_cast(launch: str, tmp_path: Path) -> None:
     assert rows["merge_error"] == "picky: too large", job.describe()
     # the dead relay's rank fails the fold (gpus 3 is rank 2 of the view); rank 4 answered around it
     assert rows["fold_relay_died"][0] == "SupervisionError", job.describe()
-    assert rows["fold_relay_died"][1].startswith("Endpoint call r.times() failed, The actor __main__.R r{'gpus': 2/4} "), \
-        job.describe()
+    assert rows["fold_relay_died"][1].startswith(failed.format("times", "{'gpus': 2/4}")), job.describe()
     assert rows["fold_after"] == [1, 0], job.describe()  # ranks in the views: 0 + 1, and 0
     assert rows["hook"] == [["r", [0]], ["r", [5]], ["r", [3]]], job.describe()
     assert not job.hung or launch == "pool", job.describe()

@@ -92,7 +92,7 @@ def fresh(owners: object, rank: int, fill: float) -> RDMABuffer:
 
 
 def need_window(owners: object, force: str | None) -> None:
-    if force == "mpi" and not owners.slice(gpus=1).window.call_one().get(30):  # type: ignore[attr-defined]
+    if force == "window" and not owners.slice(gpus=1).window.call_one().get(30):  # type: ignore[attr-defined]
         pytest.skip("no MPI window on one host (MPIMESH_RMA_WINDOWS=auto); test_mpi_window_path covers it")
 
 
@@ -147,22 +147,23 @@ def test_handles_pickle_small_and_describe_themselves(owners: object) -> None:
 
 
 @pytest.mark.mesh
-@pytest.mark.parametrize("force", [None, "mpi"], ids=["auto", "window"])  # (an id "mpi" means pytest-mpi's marker)
+@pytest.mark.parametrize("force", [None, "window", "pull"])
 def test_worker_reads_and_writes_another_workers_buffer(procs: object, owners: object, force: str | None) -> None:
-    """A handle passed to another actor works there: same host (cma) or the island's MPI window."""
+    """A handle passed to another actor works there: same host (cma), or MPI: a read by pull, a write
+    through the island's window (each path forced in turn)."""
     need_window(owners, force)
     handle = fresh(owners, 0, 4.0)
     reader = owners.slice(gpus=1)  # type: ignore[attr-defined]
     total, backend = reader.read.call_one(handle, force).get(60)
     same_host = len(set(procs._hosts)) == 1  # type: ignore[attr-defined]
-    # One host: a kernel copy (CMA); the owner on another host: the island's MPI window.
-    assert total == 4.0 * N and backend == (force or ("cma" if same_host else "mpi"))
-    reader.write.call_one(handle, 9.0, force).get(60)
+    # One host: a kernel copy (CMA); the owner on another host: MPI.
+    assert total == 4.0 * N and backend == ("mpi" if force else ("cma" if same_host else "mpi"))
+    reader.write.call_one(handle, 9.0, None if force == "pull" else force).get(60)
     assert owners.slice(gpus=0).first_last.call_one().get(30) == (9.0, 9.0)  # type: ignore[attr-defined]
 
 
 @pytest.mark.mesh
-@pytest.mark.parametrize("force", [None, "mpi"], ids=["auto", "window"])  # (an id "mpi" means pytest-mpi's marker)
+@pytest.mark.parametrize("force", [None, "window"])
 def test_a_holder_can_drop_for_everyone(owners: object, force: str | None) -> None:
     """drop() by a holder invalidates the handle everywhere; the owner frees it on its next registration."""
     need_window(owners, force)
@@ -392,7 +393,7 @@ MPI_PATH = textwrap.dedent("""
 
         @endpoint
         def access(self, handle, value):
-            rma._force = "mpi"
+            rma._force = "window"
             dst = torch.zeros(N)
             assert handle.backend == "mpi", handle.backend
             handle.read_into(dst.view(torch.uint8)).get(60)
@@ -406,7 +407,7 @@ MPI_PATH = textwrap.dedent("""
 
         @endpoint
         def read_late(self, handle, timeout):
-            rma._force = "mpi"
+            rma._force = "window"
             try:
                 handle.read_into(torch.zeros(N).view(torch.uint8), timeout=timeout).get(60)
             except TimeoutError as exc:
