@@ -80,6 +80,6 @@ def test_hung_worker_on_another_host_dies(tmp_path: Path) -> None:
     silent = rf"stopped answering: silent for \d+\.\d s \(MPIMESH_HEARTBEAT_TIMEOUT={TIMEOUT:g}\)"
     died = rf"process 0\.\d \(pid {rows['where']['pid']}\) on \S+ died: {silent}"
     assert load["type"] == "SupervisionError", describe
-    gone = r"Endpoint call w\.load\(\) failed, The actor __main__\.W w and all its descendants have failed: "
+    gone = r"Endpoint call w\.load\(\) failed, The actor __main__\.Busy w and all its descendants have failed: "
     assert re.fullmatch(gone + died, str(load["message"])), describe
     assert load["seconds"] < TIMEOUT + 4.0, describe

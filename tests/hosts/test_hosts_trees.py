@@ -84,8 +84,8 @@ def test_a_forwarder_on_the_other_host_dies_holding_a_call(tmp_path) -> None:  #
     assert sorted(triples(rows["reduce"]["value"])) == [[0, 0, 2], [0, 1, 2], [1, 0, 2], [1, 1, 2]], job.describe()
     after = rows["after"]
     assert after["type"] == "SupervisionError", job.describe()
-    assert after["message"].startswith("Endpoint call t.add() failed, The actor t{'hosts': 1/2, 'gpus': 0/2} "), \
-        job.describe()
+    failed = "Endpoint call t.add() failed, The actor __main__.T t{'hosts': 1/2, 'gpus': 0/2} "
+    assert after["message"].startswith(failed), job.describe()
     assert f"on {names[1]} died" in after["message"], job.describe()
     logs = [row.get("value") for row in rows["logs"]["value"]]
     # the last worker, beyond the dead forwarder, ran call 3 exactly once
