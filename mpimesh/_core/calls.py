@@ -135,18 +135,20 @@ class MeshRef:
         key: the mesh's job-wide id.
         shape: the (possibly sliced) view of the mesh this handle addresses.
         addrs: the address of every actor of the whole mesh, by base index.
+        cls: its actors' class (``module.Class``), for error texts; '' when unknown.
 
-    It pickles as those three; the call sites it registered stay in this
+    It pickles as those four; the call sites it registered stay in this
     process.  The caller checks the arguments and whether the mesh was
     stopped; every operation returns at once.
     """
 
-    __slots__ = ("key", "shape", "addrs", "_targets", "_points", "_sites", "_here")
+    __slots__ = ("key", "shape", "addrs", "cls", "_targets", "_points", "_sites", "_here")
 
-    def __init__(self, key: Key, shape: Shape, addrs: tuple[Addr, ...]) -> None:
+    def __init__(self, key: Key, shape: Shape, addrs: tuple[Addr, ...], cls: str = "") -> None:
         self.key = key
         self.shape = shape
         self.addrs = addrs
+        self.cls = cls
         # per rank of this view: the actor's address and the message point, made on first use
         self._targets: list[Addr] | None = None
         self._points: list[RawPoint] = []
@@ -159,7 +161,7 @@ class MeshRef:
         return f"MeshRef({self.key}, {self.shape!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (MeshRef, (self.key, self.shape, self.addrs))
+        return (MeshRef, (self.key, self.shape, self.addrs, self.cls))
 
     def _near(self, rt: Runtime, addrs: list[Addr], whole: bool) -> bool:
         """Whether every one of ``addrs`` runs on this process's host (known for meshes this process spawned)."""
@@ -172,14 +174,9 @@ class MeshRef:
             self._here = near
         return near
 
-    def _class(self, rt: Runtime) -> str:
-        """The actors' class (``module.Class``) when this process spawned the mesh, for error texts; else ''."""
-        owned = rt.owned.get(self.key)
-        return owned.class_name if owned is not None else ""
-
     def new_with_shape(self, shape: Shape) -> MeshRef:
         """A handle on the view ``shape`` of the same mesh."""
-        return MeshRef(self.key, shape, self.addrs)
+        return MeshRef(self.key, shape, self.addrs, self.cls)
 
     @property
     def targets(self) -> list[Addr]:
@@ -232,7 +229,7 @@ class MeshRef:
             point = (rank, shape.labels, shape.sizes)
             frame = protocol.spawn(sizes, key, name, point, is_async, body, port, creator, path)
             _post(rt, addr, frame, buffers, waiting, pid)
-        return cls(key, shape.dense(), tuple(addrs)), fut
+        return cls(key, shape.dense(), tuple(addrs), class_name), fut
 
     def stop(self, what: str, reason: str) -> Future[None]:
         """Stop every actor of this (whole) mesh after its pending messages; done once all have.
@@ -273,7 +270,7 @@ class MeshRef:
         pid = 0
         if receiver is not None:
             waiting = receiver(addrs)
-            waiting.actor = self._class(rt)
+            waiting.actor = self.cls
             pid = rt.ports.open(waiting)
             port = (rt.addr, pid)
         sizes = _sizes(buffers)
@@ -319,7 +316,7 @@ class MeshRef:
         if site is not None and plain:
             number, addr = site
             fut = OneReply(name, what, addr, self.shape, rank)
-            fut.actor = self._class(rt)
+            fut.actor = self.cls
             pid = rt.ports.open(fut)
             _post(rt, addr, _site_call(number, pid, args), _NO_BUFFERS, fut, pid)
             return fut
@@ -328,7 +325,7 @@ class MeshRef:
         point = self._points[rank]
         payload, buffers = ((args, kwargs), _NO_BUFFERS) if plain else _encode(what, args, kwargs)
         fut = OneReply(name, what, addr, self.shape, rank)
-        fut.actor = self._class(rt)
+        fut.actor = self.cls
         pid = rt.ports.open(fut)
         port = (rt.addr, pid)
         if site is not None:
