@@ -252,6 +252,9 @@ def test_interrupt_waiting_cell(kernel: Kernel) -> None:
     for _ in range(2):
         msg_id = kernel.execute("fut = waiters.slice(gpus=0).slow.call_one()\nprint('waiting', flush=True)\nfut.get()")
         kernel.until(msg_id, text="waiting")
+        # "waiting" is printed just before fut.get(): give the cell time to enter it (a SIGINT that
+        # lands earlier, in IPython's own machinery, comes back with no line of the cell to show)
+        time.sleep(0.5)
         start = time.monotonic()
         kernel.km.interrupt_kernel()
         error = kernel.until(msg_id)
