@@ -98,6 +98,19 @@ def test_untouched_types_keep_torch_pickling() -> None:
     assert buffers == [] and torch.equal(pickle.loads(body).to_dense(), torch.eye(300))
 
 
+def test_a_small_view_travels_without_its_storage() -> None:
+    """A few elements of a large tensor pickle as themselves, not with the 64 MiB storage under them."""
+    big = torch.arange(1 << 24, dtype=torch.float32)
+    for view in (big[:1], big[5:9].view(2, 2), big[::1 << 22]):
+        body, buffers = _serialize.dumps(view)
+        assert buffers == [] and len(body) < 1024, len(body)
+        assert torch.equal(_serialize.loads(body, buffers), view)
+    grad = torch.ones(1 << 20, requires_grad=True)
+    body, buffers = _serialize.dumps(grad.detach()[:2].requires_grad_())
+    back = _serialize.loads(body, buffers)
+    assert len(body) < 1024 and back.requires_grad and back.tolist() == [1.0, 1.0]
+
+
 # --- pure: the receive pool ---------------------------------------------------------
 
 
