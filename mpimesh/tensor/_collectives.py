@@ -173,8 +173,8 @@ class Spares:
 
     def give(self, t: Any) -> None:
         """``t`` left its table: keep its memory if this module made it and nothing shares it."""
-        if not isinstance(t, torch.Tensor) or t.data_ptr() not in self.made:
-            return
+        if not isinstance(t, torch.Tensor) or t._base is not None or t.data_ptr() not in self.made:
+            return  # not ours; or a view, which may start where its base does (``s[:1]``): its base stays ours
         self.made.discard(t.data_ptr())
         nbytes = t.numel() * t.element_size()
         key = (t.numel(), t.dtype, t.device)

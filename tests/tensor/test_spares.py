@@ -22,6 +22,19 @@ def test_a_released_result_is_reused_for_the_next_of_its_size() -> None:
     assert fresh.data_ptr() != ptr
 
 
+def test_a_view_that_starts_where_its_base_does_leaves_the_base_reusable() -> None:
+    """``s[:1]`` has the address of ``s``: letting the view go first must not make ``s`` forgotten."""
+    spares = Spares()
+    table = {1: spares.take(MIB, torch.float32, CPU)}
+    ptr = table[1].data_ptr()
+    table[2] = table[1][:1]
+    spares.give(table.pop(2))
+    spares.give(table.pop(1))
+    assert spares._bytes == 1 << 20  # kept (an address check alone could pass by malloc's reuse)
+    again = spares.take(MIB, torch.float32, CPU)
+    assert again.data_ptr() == ptr and spares._bytes == 0
+
+
 def test_memory_a_view_or_a_reference_still_sees_is_not_reused() -> None:
     """A view of the result, or a Python reference kept elsewhere, keeps its memory out of the spares."""
     spares = Spares()
