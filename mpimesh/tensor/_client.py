@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, cast
 
 from .._core import current as _current
@@ -54,6 +55,8 @@ class MeshClient:
         self._pending: list[tuple[Any, ...]] = []
         self._pending_shape: Shape | None = None
         self._deleted: list[int] = []
+        self._watched: dict[weakref.ref[Any], int] = {}
+        self._on_collect = self._collected
         self._groups: dict[tuple[Shape, tuple[str, ...]], int] = {}
         self._lock = threading.RLock()
 
@@ -67,19 +70,21 @@ class MeshClient:
     def issue(self, shape: Shape, command: tuple[Any, ...]) -> None:
         """Queue ``command`` for every process of ``shape``."""
         with self._lock:
-            if self._pending_shape is not None and self._pending_shape != shape:
+            if self._pending_shape is not None and self._pending_shape is not shape and self._pending_shape != shape:
                 self._flush_locked()
             self._pending_shape = shape
             self._pending.append(command)
             if len(self._pending) >= BATCH:
                 self._flush_locked()
 
-    def forget(self, id: int) -> None:
-        """The controller's handle on tensor ``id`` is gone: free it on the workers with the next batch.
+    def watch(self, handle: Any, id: int) -> None:
+        """Free tensor ``id`` on the workers once ``handle`` (its controller handle) is collected."""
+        self._watched[weakref.ref(handle, self._on_collect)] = id
 
-        Called from finalizers, in whatever thread collects the handle: it only appends.
-        """
-        self._deleted.append(id)
+    def _collected(self, ref: weakref.ref[Any]) -> None:
+        # The handle is gone: free its tensor with the next batch.  Runs in whatever thread
+        # collects the handle: a dict pop and an append, each atomic under the GIL.
+        self._deleted.append(self._watched.pop(ref))
 
     def flush(self) -> None:
         """Send what is queued now."""

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OP", "REMOTE", "DEL", "REDUCE", "RANK", "PUT", "Ref", "Poison"]
+__all__ = ["OP", "OPF", "REMOTE", "DEL", "REDUCE", "RANK", "PUT", "Ref", "Poison"]
 
 #: ("op", "aten::add.Tensor", args, kwargs, out_ids, site): run an operator.
 OP = "op"
+#: ("opf", "aten::add.Tensor", args, ref_positions, kwargs_or_None, out_ids, site): an operator whose
+#: arguments hold no containers; ``args[i]`` for ``i`` in ``ref_positions`` is a worker tensor's id
+#: (the common case, read without walking a tree; kwargs hold no worker tensor).
+OPF = "opf"
 #: ("remote", fn_key, fn_or_None, args, kwargs, out_ids, site): run a @remote function.
 REMOTE = "remote"
 #: ("del", ids): forget worker tensors (their controller handles are gone).

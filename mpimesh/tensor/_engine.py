@@ -24,7 +24,7 @@ from ..context import current_rank
 from ..errors import RemoteTensorError
 from ..shape import Shape
 from . import _collectives
-from ._commands import DEL, OP, PUT, RANK, REDUCE, REMOTE, Poison, Ref
+from ._commands import DEL, OP, OPF, PUT, RANK, REDUCE, REMOTE, Poison, Ref
 
 __all__ = ["Engine", "resolve_op"]
 
@@ -98,7 +98,9 @@ class Engine(Actor):
             _current.current().drain_sends(_LEND_BOUND)
         for command in batch:
             kind = command[0]
-            if kind == OP:
+            if kind == OPF:
+                self._opf(*command[1:])
+            elif kind == OP:
                 self._op(*command[1:])
             elif kind == DEL:
                 for i in command[1]:
@@ -111,6 +113,31 @@ class Engine(Actor):
                 self._rank(*command[1:])
             elif kind == PUT:
                 self.table[command[1]] = command[2]
+
+    def _opf(self, name: str, args: tuple[Any, ...], refs: tuple[int, ...], kwargs: dict[str, Any] | None,
+             outs: tuple[int | None, ...], site: str) -> None:
+        # The common command (no containers in the arguments), read without a tree walk and without
+        # a closure: T1 in docs/design/tensor.md.  Failures are stored as _guard stores them.
+        table = self.table
+        try:
+            values = list(args)
+            for i in refs:
+                value = table.get(values[i])
+                if value is None or type(value) is Poison:
+                    self._value(Ref(values[i]))  # raises: the tensor is missing, or poisoned
+                values[i] = value
+            result = resolve_op(name)(*values, **kwargs) if kwargs else resolve_op(name)(*values)
+        except _Poisoned as p:
+            self._poison(outs, p.poison)
+            return
+        except Exception as exc:
+            self._failed(outs, name, site, exc)
+            return
+        if type(result) is torch.Tensor and len(outs) == 1:
+            if outs[0] is not None:
+                table[outs[0]] = result
+        else:
+            self._store(outs, result)
 
     def _op(self, name: str, args: Any, kwargs: Any, outs: tuple[int | None, ...], site: str) -> None:
         self._guard(outs, name, site, lambda: resolve_op(name)(*self._tree(args), **self._tree(kwargs)))
@@ -135,10 +162,13 @@ class Engine(Actor):
         except _Poisoned as p:
             self._poison(outs, p.poison)
         except Exception as exc:
-            formatted = "".join(traceback.format_exception(exc))
-            self._poison(outs, Poison(what, site, f"{type(exc).__name__}: {exc}", formatted))
+            self._failed(outs, what, site, exc)
         else:
             self._store(outs, result)
+
+    def _failed(self, outs: tuple[int | None, ...], what: str, site: str, exc: Exception) -> None:
+        formatted = "".join(traceback.format_exception(exc))
+        self._poison(outs, Poison(what, site, f"{type(exc).__name__}: {exc}", formatted))
 
     def _coordinate(self, shape: Shape, dim: str) -> torch.Tensor:
         rank = shape.ranks().index(self.index)

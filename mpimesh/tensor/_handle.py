@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextvars
 import os
 import sys
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from .._core import serialize as _serialize
 from ._client import MeshClient, client_of, next_id
-from ._commands import OP, Ref
+from ._commands import OP, OPF, Ref
 
 if TYPE_CHECKING:
     from ..proc_mesh import ProcMesh
@@ -84,6 +83,7 @@ class Tensor(torch.Tensor):
     _id: int
     _procs: ProcMesh
     _client: MeshClient
+    _mkey: tuple[Any, ...]
 
     @staticmethod
     def __new__(cls, meta: torch.Tensor | None, procs: ProcMesh, client: MeshClient, device: torch.device,
@@ -93,14 +93,17 @@ class Tensor(torch.Tensor):
         t = torch.Tensor._make_wrapper_subclass(
             cls, shape, strides=stride, dtype=dtype, device=device, requires_grad=False,
         )
+        d = t.__dict__
         if meta is not None:
-            t.__dict__["_meta_tensor"] = meta
-        t._procs = procs
-        t._client = client
+            d["_meta_tensor"] = meta
+        d["_procs"] = procs
+        d["_client"] = client
+        # what the result cache keys this handle by (_leaf_key), known here without asking torch again
+        d["_mkey"] = (True, shape, tuple(stride), dtype, device)
         if id is None:
             id = next_id()
-            weakref.finalize(t, client.forget, id)
-        t._id = id
+            client.watch(t, id)
+        d["_id"] = id
         return t
 
     @property
@@ -171,6 +174,7 @@ def to_meta(x: Any) -> Any:
 
 _PLAIN = (int, float, bool, str, bytes, type(None), complex, torch.dtype, torch.device, torch.Size, torch.layout,
           torch.memory_format, slice, type(Ellipsis))
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 
 def unwrap(x: Any) -> Any:
@@ -179,6 +183,8 @@ def unwrap(x: Any) -> Any:
     Raises:
         TypeError: ``x`` does not pickle (checked here, so the error points at the line that passed it).
     """
+    if type(x) in _PLAIN_TYPES:
+        return x
     if isinstance(x, Tensor):
         return Ref(x._id)
     if isinstance(x, torch.Tensor):
@@ -214,7 +220,7 @@ def _device_of(leaves: list[Any], kwargs: dict[str, Any]) -> torch.device:
         return torch.device(device)
     for leaf in leaves:
         if isinstance(leaf, Tensor):
-            return leaf.device
+            return leaf._mkey[4]  # type: ignore[no-any-return]
     return torch.device("cpu")
 
 
@@ -232,10 +238,11 @@ _CONTAINERS = (list, tuple, dict)
 
 
 def _leaf_key(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x._mkey
     if isinstance(x, torch.Tensor):
-        return (isinstance(x, Tensor), x.shape, x.stride(), x.dtype, x.device)
-    hash(x)  # unhashable: TypeError, no caching
-    return (type(x), x)
+        return (False, x.shape, x.stride(), x.dtype, x.device)
+    return (type(x), x)  # an unhashable x fails at the lookup: TypeError, no caching
 
 
 def _result_spec(out: Any, inputs: list[Any]) -> Any:
@@ -278,23 +285,43 @@ def _makes_tensors(func: Any) -> bool:
 
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: ProcMesh | None) -> Any:
     """Run ``func`` on mesh tensors: compute the result's metadata here, queue the operation for the mesh."""
-    simple = not any(type(a) in _CONTAINERS for a in args) and not any(
-        type(v) in _CONTAINERS for v in kwargs.values())
-    leaves = [*args, *kwargs.values()] if simple else tree_flatten((args, kwargs))[0]
+    # This runs for every torch operation on a mesh tensor, so it is written for the common case
+    # (tensors and scalars as arguments, no containers): one pass over the arguments (T1 in
+    # docs/design/tensor.md).
+    simple = True
+    for a in args:
+        if type(a) in _CONTAINERS:
+            simple = False
+            break
+    if simple and kwargs:
+        for a in kwargs.values():
+            if type(a) in _CONTAINERS:
+                simple = False
+                break
+    leaves = ([*args, *kwargs.values()] if kwargs else list(args)) if simple else tree_flatten((args, kwargs))[0]
     name = _NAMES.get(func)
     if name is None:
         name = _NAMES[func] = func.name()  # "aten::add.Tensor"
-    procs = _mesh_of(leaves, func)
-    if procs is None:
+    first: Tensor | None = None
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            if first is None:
+                first = leaf
+            elif leaf._procs is not first._procs:
+                _mesh_of(leaves, func)  # raises if the meshes differ
+    if first is None:
         if active is None or not _makes_tensors(func):
             # no mesh tensor in, no tensor out (e.g. the profiler's record_function): a local call
             return func(*args, **kwargs)
         procs = active
-    elif active is not None and (active._key, active._shape) != (procs._key, procs._shape):
-        raise ValueError(
-            f"tensor engine: {func} on a tensor of {procs!r} inside {active!r}.activate(); "
-            "activate the tensor's own mesh, or leave the active one"
-        )
+        client = client_of(procs)
+    else:
+        procs, client = first._procs, first._client
+        if active is not None and active is not procs and (active._key, active._shape) != (procs._key, procs._shape):
+            raise ValueError(
+                f"tensor engine: {func} on a tensor of {procs!r} inside {active!r}.activate(); "
+                "activate the tensor's own mesh, or leave the active one"
+            )
     hint = _NEEDS_VALUE.get(name)
     if hint is not None:
         raise RuntimeError(
@@ -302,9 +329,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
             "fetch it: mpimesh.inspect(t, **coords) (or mpimesh.fetch_shard(t, **coords).get())"
         )
     device = _device_of(leaves, kwargs)
-    client = client_of(procs)
     try:
-        key: Any = (func, tuple(_leaf_key(x) for x in leaves), tuple(kwargs) if simple else
+        key: Any = (func, tuple([_leaf_key(x) for x in leaves]), tuple(kwargs) if simple else
                     tree_flatten((args, kwargs))[1])
         spec = _RESULTS.get(key)
     except TypeError:
@@ -324,12 +350,38 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
         else:
             result = _wrap_any(out, leaves, procs, client, device, out_ids)
     if simple:
-        cargs: Any = tuple(unwrap(a) for a in args)
-        ckwargs: Any = {k: unwrap(v) for k, v in kwargs.items()}
+        command = _flat_command(name, args, kwargs, tuple(out_ids))
     else:
-        cargs, ckwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
-    client.issue(procs._shape, (OP, name, cargs, ckwargs, tuple(out_ids), site()))
+        command = (OP, name, tree_map(unwrap, args), tree_map(unwrap, kwargs), tuple(out_ids), site())
+    client.issue(procs._shape, command)
     return result
+
+
+def _flat_command(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], outs: tuple[int | None, ...],
+                  ) -> tuple[Any, ...]:
+    """The command for arguments without containers: mesh tensors travel as bare ids at known positions.
+
+    A batch of such commands holds only builtin types (and local tensors),
+    so it pickles without a Python call per argument, and the worker reads
+    it without walking a tree.
+    """
+    cargs: list[Any] = []
+    refs: list[int] = []
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor):
+            refs.append(i)
+            cargs.append(a._id)
+        else:
+            cargs.append(unwrap(a))
+    if not kwargs:
+        return (OPF, name, tuple(cargs), tuple(refs), None, outs, site())
+    ckwargs: dict[str, Any] = {}
+    for k, v in kwargs.items():
+        if isinstance(v, Tensor):  # a mesh tensor by keyword (out=...): the general form
+            return (OP, name, tuple(unwrap(a) for a in args), {k: unwrap(v) for k, v in kwargs.items()}, outs,
+                    site())
+        ckwargs[k] = unwrap(v)
+    return (OPF, name, tuple(cargs), tuple(refs), ckwargs, outs, site())
 
 
 def _meta_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
