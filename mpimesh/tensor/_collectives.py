@@ -164,7 +164,10 @@ class Spares:
         if spares:
             t = spares.pop()
             self._bytes -= t.numel() * t.element_size()
-            out = t.view(shape)
+            # The same memory in the asked shape, and not a view (t.view would be one, and give()
+            # leaves views alone): the result can be a spare again once released.
+            out = t if t.shape == shape else torch.empty((0,), dtype=dtype, device=device).set_(
+                t.untyped_storage(), 0, shape)
         else:
             out = torch.empty(shape, dtype=dtype, device=device)
         if numel * out.element_size() >= self.MIN_BYTES:

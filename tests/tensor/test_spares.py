@@ -55,3 +55,20 @@ def test_small_and_foreign_tensors_are_never_kept() -> None:
     spares.give(table.pop(1))
     spares.give(table.pop(2))
     assert spares._bytes == 0 and spares._free.get((16, torch.float32, CPU), []) == []
+
+
+def test_a_reused_result_is_reusable_again() -> None:
+    """A spare handed out (same shape or another of its size) can come back once more: it is no view.
+
+    It was once ``t.view(shape)``, which ``give`` left alone as a view, so a
+    loop of ``s = t.reduce(...)`` reused the memory only every other time.
+    """
+    spares = Spares()
+    ptr = 0
+    for shape in (MIB, MIB, (512, 512), MIB):
+        table = {1: spares.take(shape, torch.float32, CPU)}
+        assert table[1].shape == shape and table[1]._base is None
+        assert ptr in (0, table[1].data_ptr())
+        ptr = table[1].data_ptr()
+        spares.give(table.pop(1))
+        assert spares._bytes == 1 << 20
