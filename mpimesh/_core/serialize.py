@@ -101,13 +101,40 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
         return True
 
     out = io.BytesIO()
-    _Pickler(out, protocol=_PROTOCOL, buffer_callback=take).dump(obj)
+    pickler = _Pickler(out, protocol=_PROTOCOL, buffer_callback=take)
+    if _dispatch_modes():
+        _without_modes(pickler.dump, obj)
+    else:
+        pickler.dump(obj)
     return out.getvalue(), [b.raw() for b in buffers]
 
 
 def loads(data: bytes | bytearray | memoryview, buffers: Sequence[Any] = ()) -> Any:
     """Inverse of :func:`dumps`."""
+    if _dispatch_modes():
+        return _without_modes(pickle.loads, data, buffers=buffers)
     return pickle.loads(data, buffers=buffers)
+
+
+def _dispatch_modes() -> bool:
+    """Whether a torch dispatch mode is active in this thread (``procs.activate()``, ``FakeTensorMode``)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch._C._len_torch_dispatch_stack())
+    except AttributeError:  # torch is still being imported (by another thread): no mode yet
+        return False
+
+
+def _without_modes(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    # A payload is data, not operations: the tensors (un)pickling builds or copies must be plain
+    # tensors of this process, not operations of the active mode (inside a mesh's activate(), a
+    # fetched result would otherwise become a mesh tensor and fail to unpickle).
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return fn(*args, **kwargs)
 
 
 def describe(obj: Any) -> str:

@@ -55,7 +55,7 @@ class MeshClient:
         self._pending: list[tuple[Any, ...]] = []
         self._pending_shape: Shape | None = None
         self._deleted: list[int] = []
-        self._watched: dict[weakref.ref[Any], int] = {}
+        self._watched: dict[int, tuple[weakref.ref[Any], int]] = {}  # id(ref) -> (ref, tensor id)
         self._on_collect = self._collected
         self._groups: dict[tuple[Shape, tuple[str, ...]], int] = {}
         self._lock = threading.RLock()
@@ -77,14 +77,16 @@ class MeshClient:
             if len(self._pending) >= BATCH:
                 self._flush_locked()
 
-    def watch(self, handle: Any, id: int) -> None:
-        """Free tensor ``id`` on the workers once ``handle`` (its controller handle) is collected."""
-        self._watched[weakref.ref(handle, self._on_collect)] = id
+    def watch(self, handle: Any, tensor_id: int) -> None:
+        """Free tensor ``tensor_id`` on the workers once ``handle`` (its controller handle) is collected."""
+        # keyed by the ref's id: a weakref hashes as its referent, and a tensor hashes in Python
+        ref = weakref.ref(handle, self._on_collect)
+        self._watched[id(ref)] = (ref, tensor_id)
 
     def _collected(self, ref: weakref.ref[Any]) -> None:
         # The handle is gone: free its tensor with the next batch.  Runs in whatever thread
         # collects the handle: a dict pop and an append, each atomic under the GIL.
-        self._deleted.append(self._watched.pop(ref))
+        self._deleted.append(self._watched.pop(id(ref))[1])
 
     def flush(self) -> None:
         """Send what is queued now."""
@@ -94,12 +96,14 @@ class MeshClient:
     def _flush_locked(self) -> None:
         if self._deleted:
             deleted, self._deleted = self._deleted, []
-            # deletions go to every process: a tensor of any view is in the table of its processes only
-            if self._pending_shape is None or self._pending_shape != self.engine._shape:
-                self._send(self._pending_shape, self._pending)
-                self._pending, self._pending_shape = [], None
+            # Deletions go to every process (a tensor of any view is in the table of its processes
+            # only): with the pending batch when that goes to every process too (the mesh itself
+            # rather than a slice: the usual case), else in a batch of their own.
+            pending = self._pending_shape
+            if pending is None or (pending is not self.engine._shape and pending.nelements != len(self.addrs)):
+                self._send(pending, self._pending)
+                self._pending, self._pending_shape = [], self.engine._shape
             self._pending.append((DEL, tuple(deleted)))
-            self._pending_shape = self.engine._shape
         if self._pending and self._pending_shape is not None:
             self._send(self._pending_shape, self._pending)
         self._pending, self._pending_shape = [], None

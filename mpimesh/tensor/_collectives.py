@@ -167,7 +167,7 @@ class Spares:
             # The same memory in the asked shape, and not a view (t.view would be one, and give()
             # leaves views alone): the result can be a spare again once released.
             out = t if t.shape == shape else torch.empty((0,), dtype=dtype, device=device).set_(
-                t.untyped_storage(), 0, shape)
+                t.untyped_storage(), 0, shape, _contiguous(shape))
         else:
             out = torch.empty(shape, dtype=dtype, device=device)
         if numel * out.element_size() >= self.MIN_BYTES:
@@ -189,6 +189,15 @@ class Spares:
         if unique and len(spares) < 2 and self._bytes + nbytes <= self.MAX_BYTES and t.is_contiguous():
             spares.append(t)
             self._bytes += nbytes
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The row-major strides of ``shape``."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 def reduce(comm: MPI.Intracomm, t: torch.Tensor, reduction: str, scatter: bool, inplace: bool,

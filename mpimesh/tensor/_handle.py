@@ -52,9 +52,10 @@ _sites: dict[tuple[Any, int], str] = {}  # one string per line: a batch pickles 
 def site() -> str:
     """The first caller's line outside torch and mpimesh, ``file:line in function``."""
     frame = sys._getframe(1)
+    known = _inside.get
     while frame.f_back is not None:
         code = frame.f_code
-        inside = _inside.get(code)
+        inside = known(code)
         if inside is None:
             inside = _inside[code] = code.co_filename.startswith(_INTERNAL)
         if not inside:
@@ -215,7 +216,7 @@ def _mesh_of(leaves: list[Any], what: Any) -> ProcMesh | None:
 
 
 def _device_of(leaves: list[Any], kwargs: dict[str, Any]) -> torch.device:
-    device = kwargs.get("device")
+    device = kwargs.get("device") if kwargs else None
     if device is not None:
         return torch.device(device)
     for leaf in leaves:
@@ -233,7 +234,7 @@ def mesh_tensor(meta: torch.Tensor, procs: ProcMesh, client: MeshClient, device:
 #: lookup ~2 us (shapes never depend on values).  Bounded: cleared when full.
 _RESULTS: dict[Any, Any] = {}
 _RESULTS_MAX = 4096
-_NAMES: dict[Any, str] = {}
+_NAMES: dict[int, str] = {}  # id(OpOverload) -> its name
 _CONTAINERS = (list, tuple, dict)
 
 
@@ -299,9 +300,10 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
                 simple = False
                 break
     leaves = ([*args, *kwargs.values()] if kwargs else list(args)) if simple else tree_flatten((args, kwargs))[0]
-    name = _NAMES.get(func)
+    # by id: an OpOverload hashes in Python, and overloads live as long as torch does
+    name = _NAMES.get(id(func))
     if name is None:
-        name = _NAMES[func] = func.name()  # "aten::add.Tensor"
+        name = _NAMES[id(func)] = func.name()  # "aten::add.Tensor"
     first: Tensor | None = None
     for leaf in leaves:
         if isinstance(leaf, Tensor):
@@ -330,7 +332,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
         )
     device = _device_of(leaves, kwargs)
     try:
-        key: Any = (func, tuple([_leaf_key(x) for x in leaves]), tuple(kwargs) if simple else
+        key: Any = (name, tuple([_leaf_key(x) for x in leaves]), tuple(kwargs) if simple else
                     tree_flatten((args, kwargs))[1])
         spec = _RESULTS.get(key)
     except TypeError:

@@ -77,6 +77,30 @@ def test_active_mesh_and_no_mesh(procs: Any) -> None:
         assert type(local) is torch.Tensor and local.tolist() == [2.0, 2.0]
 
 
+class Doubler(mpimesh.Actor):
+    @mpimesh.endpoint
+    def double(self, t: torch.Tensor) -> torch.Tensor:
+        return t * 2
+
+
+def test_values_that_cross_processes_stay_plain_tensors_inside_activate(procs: Any) -> None:
+    """Inside ``activate()``, (un)pickling is not a mesh operation: fetched shards, and actor arguments and results.
+
+    The fetch's reply was unpickled in the script's thread under the mesh's
+    mode, whose ``torch.empty`` made a mesh tensor: "Attempted to set the
+    storage of a tensor on device meta".
+    """
+    doubler = procs.spawn("doubler", Doubler)
+    big = torch.ones(1 << 18)  # 1 MiB: pickled out of band, through torch operations
+    with procs.activate():
+        t = torch.zeros(4) + 3
+        fetched = mpimesh.inspect(t, gpus=1)
+        doubled = doubler.slice(gpus=0).double.call_one(big).get(60)
+    assert type(fetched) is torch.Tensor and fetched.tolist() == [3.0] * 4
+    assert type(doubled) is torch.Tensor and doubled.sum().item() == 2 * big.numel()
+    doubler.stop().get(60)
+
+
 def test_a_value_on_the_controller_needs_a_fetch(procs: Any) -> None:
     """t.item() and bool(t) would wait on a worker: they raise with the fix."""
     with procs.activate():
@@ -357,6 +381,22 @@ def test_worker_tensors_are_freed_with_their_handles(procs: Any) -> None:
     assert all(s["tensors"] < 50 for s in stats), stats
 
 
+
+
+def test_tensors_of_a_slice_are_freed_too(grid: Any) -> None:
+    """Deletions go to every process, so handles on a slice free its tensors as well (their own batch)."""
+    engine = mpimesh.tensor._client.client_of(grid).engine
+    row = grid.slice(dp=1)
+    with row.activate():
+        acc = torch.zeros(16)
+        for _ in range(2_000):
+            acc = acc + 1
+    assert mpimesh.inspect(acc, tp=1)[0].item() == 2_000.0
+    del acc
+    with grid.activate():
+        mpimesh.inspect(torch.zeros(1) + 1, dp=0, tp=0)  # a batch to the whole mesh carries the last deletions
+    stats = engine.stats.call().get(60).values()
+    assert all(s["tensors"] < 20 for s in stats), stats
 
 
 def test_a_fetched_value_is_not_changed_by_the_next_operations(procs: Any) -> None:
