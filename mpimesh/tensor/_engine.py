@@ -29,6 +29,7 @@ from ._commands import DEL, OP, OPF, PUT, RANK, REDUCE, REMOTE, Poison, Ref
 __all__ = ["Engine", "resolve_op"]
 
 _OPS: dict[str, Any] = {}
+_KERNELS: dict[str, Any] = {}
 
 #: Seconds a batch waits at most for a fetched tensor's reply to leave before writing to it.
 _LEND_BOUND = 60.0
@@ -126,7 +127,11 @@ class Engine(Actor):
                 if value is None or type(value) is Poison:
                     self._value(Ref(values[i]))  # raises: the tensor is missing, or poisoned
                 values[i] = value
-            result = resolve_op(name)(*values, **kwargs) if kwargs else resolve_op(name)(*values)
+            kernel = _KERNELS.get(name)
+            if kernel is None:
+                op = resolve_op(name)
+                kernel = _KERNELS[name] = getattr(op, "_op", op)  # the C++ callable OpOverload.__call__ wraps
+            result = kernel(*values, **kwargs) if kwargs else kernel(*values)
         except _Poisoned as p:
             self._poison(outs, p.poison)
             return

@@ -49,9 +49,13 @@ _inside: dict[Any, bool] = {}  # code object -> in torch or mpimesh
 _sites: dict[tuple[Any, int], str] = {}  # one string per line: a batch pickles it once
 
 
-def site() -> str:
-    """The first caller's line outside torch and mpimesh, ``file:line in function``."""
-    frame = sys._getframe(1)
+def site(skip: int = 1) -> str:
+    """The first caller's line outside torch and mpimesh, ``file:line in function``.
+
+    ``skip``: frames known to be inside, from this function's caller up (the
+    dispatch path passes its own depth, so the walk starts at torch).
+    """
+    frame = sys._getframe(skip)
     known = _inside.get
     while frame.f_back is not None:
         code = frame.f_code
@@ -91,21 +95,7 @@ class Tensor(torch.Tensor):
                 id: int | None = None, *, like: tuple[torch.Size, tuple[int, ...], torch.dtype] | None = None,
                 ) -> Tensor:
         shape, stride, dtype = like if meta is None else (meta.shape, meta.stride(), meta.dtype)  # type: ignore[misc]
-        t = torch.Tensor._make_wrapper_subclass(
-            cls, shape, strides=stride, dtype=dtype, device=device, requires_grad=False,
-        )
-        d = t.__dict__
-        if meta is not None:
-            d["_meta_tensor"] = meta
-        d["_procs"] = procs
-        d["_client"] = client
-        # what the result cache keys this handle by (_leaf_key), known here without asking torch again
-        d["_mkey"] = (True, shape, tuple(stride), dtype, device)
-        if id is None:
-            id = next_id()
-            client.watch(t, id)
-        d["_id"] = id
-        return t
+        return _new_handle(cls, shape, stride, dtype, procs, client, device, id, meta)
 
     @property
     def _meta(self) -> torch.Tensor:
@@ -162,6 +152,27 @@ class Tensor(torch.Tensor):
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         return dispatch(func, args, kwargs or {}, None)
+
+
+_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def _new_handle(cls: type[Tensor], shape: Any, stride: Any, dtype: torch.dtype, procs: ProcMesh, client: MeshClient,
+                device: torch.device, id: int | None = None, meta: torch.Tensor | None = None) -> Tensor:
+    # Tensor.__new__'s work, callable without it (the dispatch path makes one handle per operation).
+    t: Tensor = _wrapper(cls, shape, strides=stride, dtype=dtype, device=device, requires_grad=False)
+    d = t.__dict__
+    if meta is not None:
+        d["_meta_tensor"] = meta
+    d["_procs"] = procs
+    d["_client"] = client
+    # what the result cache keys this handle by (see dispatch), known here without asking torch again
+    d["_mkey"] = (True, shape, tuple(stride), dtype, device)
+    if id is None:
+        id = next_id()
+        client.watch(t, id)
+    d["_id"] = id
+    return t
 
 
 def to_meta(x: Any) -> Any:
@@ -234,16 +245,8 @@ def mesh_tensor(meta: torch.Tensor, procs: ProcMesh, client: MeshClient, device:
 #: lookup ~2 us (shapes never depend on values).  Bounded: cleared when full.
 _RESULTS: dict[Any, Any] = {}
 _RESULTS_MAX = 4096
-_NAMES: dict[int, str] = {}  # id(OpOverload) -> its name
+_NAMES: dict[int, tuple[str, str | None]] = {}  # id(OpOverload) -> its name, and _NEEDS_VALUE's hint
 _CONTAINERS = (list, tuple, dict)
-
-
-def _leaf_key(x: Any) -> Any:
-    if isinstance(x, Tensor):
-        return x._mkey
-    if isinstance(x, torch.Tensor):
-        return (False, x.shape, x.stride(), x.dtype, x.device)
-    return (type(x), x)  # an unhashable x fails at the lookup: TypeError, no caching
 
 
 def _result_spec(out: Any, inputs: list[Any]) -> Any:
@@ -267,7 +270,7 @@ def _build(spec: Any, inputs: list[Any], procs: ProcMesh, client: MeshClient, de
         out_ids.append(same._id)
         return same
     if kind == "new":
-        handle = Tensor(None, procs, client, device, like=(spec[1], spec[2], spec[3]))
+        handle = _new_handle(Tensor, spec[1], spec[2], spec[3], procs, client, device)
         out_ids.append(handle._id)
         return handle
     return tuple(_build(s, inputs, procs, client, device, out_ids) for s in spec[1])
@@ -301,16 +304,24 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
                 break
     leaves = ([*args, *kwargs.values()] if kwargs else list(args)) if simple else tree_flatten((args, kwargs))[0]
     # by id: an OpOverload hashes in Python, and overloads live as long as torch does
-    name = _NAMES.get(id(func))
-    if name is None:
-        name = _NAMES[id(func)] = func.name()  # "aten::add.Tensor"
+    known = _NAMES.get(id(func))
+    if known is None:
+        name = func.name()  # "aten::add.Tensor"
+        known = _NAMES[id(func)] = (name, _NEEDS_VALUE.get(name))
+    name, hint = known
     first: Tensor | None = None
+    parts: list[Any] = []  # the result cache's key: one part per leaf, a handle's from _new_handle
     for leaf in leaves:
         if isinstance(leaf, Tensor):
             if first is None:
                 first = leaf
             elif leaf._procs is not first._procs:
                 _mesh_of(leaves, func)  # raises if the meshes differ
+            parts.append(leaf._mkey)
+        elif isinstance(leaf, torch.Tensor):
+            parts.append((False, leaf.shape, leaf.stride(), leaf.dtype, leaf.device))
+        else:
+            parts.append((type(leaf), leaf))
     if first is None:
         if active is None or not _makes_tensors(func):
             # no mesh tensor in, no tensor out (e.g. the profiler's record_function): a local call
@@ -324,16 +335,14 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
                 f"tensor engine: {func} on a tensor of {procs!r} inside {active!r}.activate(); "
                 "activate the tensor's own mesh, or leave the active one"
             )
-    hint = _NEEDS_VALUE.get(name)
     if hint is not None:
         raise RuntimeError(
             f"tensor engine: {hint} needs the value of a mesh tensor, which lives on the workers; "
             "fetch it: mpimesh.inspect(t, **coords) (or mpimesh.fetch_shard(t, **coords).get())"
         )
-    device = _device_of(leaves, kwargs)
+    device = _device_of(leaves, kwargs) if kwargs or first is None else first._mkey[4]
     try:
-        key: Any = (name, tuple([_leaf_key(x) for x in leaves]), tuple(kwargs) if simple else
-                    tree_flatten((args, kwargs))[1])
+        key: Any = (name, tuple(parts), tuple(kwargs) if simple else tree_flatten((args, kwargs))[1])
         spec = _RESULTS.get(key)
     except TypeError:
         key, spec = None, None
@@ -359,6 +368,11 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
     return result
 
 
+#: Frames from site()'s caller up that are always ours on the flat path: _flat_command, dispatch, and
+#: the __torch_dispatch__ (the mode's or Tensor's) that called dispatch.
+_FLAT_DEPTH = 4
+
+
 def _flat_command(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], outs: tuple[int | None, ...],
                   ) -> tuple[Any, ...]:
     """The command for arguments without containers: mesh tensors travel as bare ids at known positions.
@@ -376,14 +390,14 @@ def _flat_command(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], outs
         else:
             cargs.append(unwrap(a))
     if not kwargs:
-        return (OPF, name, tuple(cargs), tuple(refs), None, outs, site())
+        return (OPF, name, tuple(cargs), tuple(refs), None, outs, site(_FLAT_DEPTH))
     ckwargs: dict[str, Any] = {}
     for k, v in kwargs.items():
         if isinstance(v, Tensor):  # a mesh tensor by keyword (out=...): the general form
             return (OP, name, tuple(unwrap(a) for a in args), {k: unwrap(v) for k, v in kwargs.items()}, outs,
                     site())
         ckwargs[k] = unwrap(v)
-    return (OPF, name, tuple(cargs), tuple(refs), ckwargs, outs, site())
+    return (OPF, name, tuple(cargs), tuple(refs), ckwargs, outs, site(_FLAT_DEPTH))
 
 
 def _meta_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
