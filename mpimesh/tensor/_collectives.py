@@ -123,13 +123,63 @@ class Communicators:
         self._ports.clear()
 
 
-def _host(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A contiguous tensor MPI can read, and whether it is a staging copy of a device tensor."""
+def _host(t: torch.Tensor, staging: Staging | None = None) -> tuple[torch.Tensor, bool]:
+    """A contiguous tensor MPI can read, and whether it is a staging copy of a device tensor.
+
+    A CUDA tensor goes to MPI as itself when the MPI is CUDA-aware, else
+    through a page-locked host buffer (``staging``), which the device copies
+    to and from at full speed.
+    """
     if t.device.type == "cpu":
         return t.detach().contiguous(), False
     if t.device.type == "cuda" and cuda_support().aware:
         return t.detach().contiguous(), False
-    return t.detach().to("cpu").contiguous(), True
+    if staging is None:
+        return t.detach().to("cpu").contiguous(), True
+    host = staging.take(tuple(t.shape), t.dtype)
+    host.copy_(t.detach())
+    return host, True
+
+
+class Staging:
+    """Page-locked host buffers for device tensors an MPI that is not CUDA-aware must read, reused.
+
+    Pinning memory costs far more than a copy (the pages are locked one by
+    one), so buffers are kept for the next reduction of their size: at most
+    two per size, ``MAX_BYTES`` in all.  Without CUDA (tests) the buffers are
+    plain host memory.
+    """
+
+    MAX_BYTES = 1 << 30
+
+    def __init__(self, pin: bool | None = None) -> None:
+        self._pin = pin
+        self._free: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
+        self._bytes = 0
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous host tensor of ``shape`` and ``dtype``: a kept one when there is one."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        free = self._free.get((numel, dtype))
+        if free:
+            flat = free.pop()
+            self._bytes -= flat.numel() * flat.element_size()
+        else:
+            if self._pin is None:
+                self._pin = torch.cuda.is_available()
+            flat = torch.empty(numel, dtype=dtype, pin_memory=self._pin)
+        return flat.view(shape)
+
+    def give(self, t: torch.Tensor) -> None:
+        """``t`` (from :meth:`take`) is no longer read: keep its memory for the next take of its size."""
+        flat = t if t._base is None else t._base
+        nbytes = flat.numel() * flat.element_size()
+        free = self._free.setdefault((flat.numel(), flat.dtype), [])
+        if len(free) < 2 and self._bytes + nbytes <= self.MAX_BYTES:
+            free.append(flat)
+            self._bytes += nbytes
 
 
 def _buf(t: torch.Tensor) -> Any:
@@ -201,7 +251,7 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def reduce(comm: MPI.Intracomm, t: torch.Tensor, reduction: str, scatter: bool, inplace: bool,
-           spares: Spares | None = None) -> torch.Tensor:
+           spares: Spares | None = None, staging: Staging | None = None) -> torch.Tensor:
     """Reduce ``t`` over ``comm``'s processes; the result is new unless ``inplace``.
 
     ``stack`` gathers (a new leading dimension of the group's size, in group
@@ -209,7 +259,12 @@ def reduce(comm: MPI.Intracomm, t: torch.Tensor, reduction: str, scatter: bool, 
     dimension 0 (``Reduce_scatter_block``).
     """
     n = comm.Get_size()
-    src, staged = _host(t)
+    src, staged = _host(t, staging)
+    if staged and staging is not None:
+        try:
+            return _reduce_staged(comm, t, src, reduction, scatter, inplace, staging)
+        finally:
+            staging.give(src)
     new = spares.take if spares is not None and not staged else (
         lambda shape, dtype, device: torch.empty(shape, dtype=dtype, device=device))
     if reduction == "stack":
@@ -227,7 +282,7 @@ def reduce(comm: MPI.Intracomm, t: torch.Tensor, reduction: str, scatter: bool, 
         out = new(tuple(src.shape), src.dtype, src.device)
         comm.Allreduce(_buf(src), _buf(out), op=op)
     if reduction == "avg":
-        out.div_(n) if out.is_floating_point() or out.is_complex() else out.floor_divide_(n)
+        _divide(out, n)
     if staged:
         out = out.to(t.device)
     if inplace:
@@ -238,20 +293,66 @@ def reduce(comm: MPI.Intracomm, t: torch.Tensor, reduction: str, scatter: bool, 
     return out
 
 
+def _reduce_staged(comm: MPI.Intracomm, t: torch.Tensor, src: torch.Tensor, reduction: str, scatter: bool,
+                   inplace: bool, staging: Staging) -> torch.Tensor:
+    # A device tensor through page-locked host buffers: src holds t's copy; the collective runs in
+    # place on it (or into a second staging buffer), and the result is copied to t's device.
+    n = comm.Get_size()
+    if reduction == "stack" or scatter:
+        shape = (n, *src.shape) if reduction == "stack" else (src.shape[0] // n, *src.shape[1:])
+        out = staging.take(shape, src.dtype)
+        try:
+            if reduction == "stack":
+                comm.Allgather(_buf(src), _buf(out))
+            else:
+                comm.Reduce_scatter_block(_buf(src), _buf(out), op=_OPS[reduction])
+            if reduction == "avg":
+                _divide(out, n)
+            return out.to(t.device, copy=True)  # a copy even to the host: out goes back to the staging
+        finally:
+            staging.give(out)
+    comm.Allreduce(MPI.IN_PLACE, _buf(src), op=_OPS[reduction])
+    if reduction == "avg":
+        _divide(src, n)
+    if inplace:
+        with torch.no_grad():
+            t.copy_(src)
+        return t
+    return src.to(t.device, copy=True)
+
+
+def _divide(t: torch.Tensor, n: int) -> None:
+    t.div_(n) if t.is_floating_point() or t.is_complex() else t.floor_divide_(n)
+
+
 def reduce_many(comm: MPI.Intracomm, tensors: list[torch.Tensor], reduction: str,
-                inplace: bool) -> list[torch.Tensor]:
+                inplace: bool, staging: Staging | None = None) -> list[torch.Tensor]:
     """Reduce several tensors of one dtype with one ``Allreduce`` over a flat copy of them all.
 
     As DDP's buckets do: one collective instead of one per tensor (each
     costs a round of messages, and more on a crowded machine).  The results
-    are the inputs (``inplace``) or views of one new buffer.
+    are the inputs (``inplace``) or views of one new buffer.  Tensors of one
+    device are joined there, so a device that MPI cannot read is staged once.
     """
     n = comm.Get_size()
-    staged = [_host(t) for t in tensors]
-    flat = torch.cat([src.reshape(-1) for src, _ in staged])
-    comm.Allreduce(MPI.IN_PLACE, _buf(flat), op=_OPS[reduction])
-    if reduction == "avg":
-        flat.div_(n) if flat.is_floating_point() or flat.is_complex() else flat.floor_divide_(n)
+    if len({t.device for t in tensors}) == 1:
+        joined = torch.cat([t.detach().reshape(-1) for t in tensors])
+        host, staged = _host(joined, staging)
+        try:
+            comm.Allreduce(MPI.IN_PLACE, _buf(host), op=_OPS[reduction])
+            if reduction == "avg":
+                _divide(host, n)
+            if staged:
+                joined.copy_(host)
+        finally:
+            if staged and staging is not None:
+                staging.give(host)
+        flat = joined
+    else:
+        flat = torch.cat([_host(t)[0].reshape(-1) for t in tensors])
+        comm.Allreduce(MPI.IN_PLACE, _buf(flat), op=_OPS[reduction])
+        if reduction == "avg":
+            _divide(flat, n)
     results = []
     offset = 0
     for t in tensors:

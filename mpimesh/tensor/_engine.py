@@ -63,6 +63,7 @@ class Engine(Actor):
         self._lent = False  # a fetch's reply may still be reading a tensor's memory
         self.comms = _collectives.Communicators(_current.current().addr)
         self.spares = _collectives.Spares()
+        self.staging = _collectives.Staging()  # page-locked buffers for CUDA tensors a CUDA-unaware MPI reduces
         # reduction groups by the controller's key: this process's group (members' addresses, ports to join them)
         self.groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...]]] = {}
 
@@ -209,9 +210,11 @@ class Engine(Actor):
         try:
             if len(tensors) == 1:
                 self.table[out_ids[0]] = _collectives.reduce(
-                    comm, tensors[0], reduction, scatter, inplace=in_ids == out_ids, spares=self.spares)
+                    comm, tensors[0], reduction, scatter, inplace=in_ids == out_ids, spares=self.spares,
+                    staging=self.staging)
             else:
-                results = _collectives.reduce_many(comm, tensors, reduction, inplace=in_ids == out_ids)
+                results = _collectives.reduce_many(comm, tensors, reduction, inplace=in_ids == out_ids,
+                                                   staging=self.staging)
                 for out, result in zip(out_ids, results, strict=True):
                     self.table[out] = result
         except Exception as exc:
