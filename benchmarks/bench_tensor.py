@@ -21,6 +21,14 @@ Run (4 pool workers; the baselines run on the same processes in the same job)::
   ``Send`` of the same tensor's bytes from that process to rank 0
   (``COMM_WORLD``), received into a reused buffer, timed on rank 0.
 
+``--hosts``: the mesh spans every host of the job (``hosts x gpus``) and
+T2 reduces over both dimensions; T3 fetches from a process on the last
+host.  Across the simulated hosts::
+
+    bash .ci/multihost.sh up 2
+    mpiexec $(bash .ci/multihost.sh flags) --host mh1:3,mh2:2 -n 5 \
+        .venv/bin/python -m mpimesh benchmarks/bench_tensor.py --hosts
+
 Prints one JSON line; figures are medians over ``--repeats`` of per-repeat medians.
 """
 
@@ -35,7 +43,7 @@ from _common import emit, gbps, median, r, watchdog
 from mpi4py import MPI
 
 import mpimesh
-from mpimesh import this_host
+from mpimesh import host_mesh, this_host
 
 N64 = 16 * 1024 * 1024  # float32 elements in 64 MiB
 
@@ -93,10 +101,22 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=20_000)
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--hosts", action="store_true",
+                    help="a mesh over every host of the job (hosts x gpus, 4 processes in all), reduced over both")
     args = ap.parse_args()
     watchdog()
 
-    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    dims: str | tuple[str, ...] = "gpus"
+    far = {"gpus": 1}  # the process T3 fetches from
+    if args.hosts:
+        hosts = host_mesh()
+        n_hosts = hosts.size("hosts")
+        procs = hosts.spawn_procs(per_host={"gpus": 4 // n_hosts})
+        dims, far = ("hosts", "gpus"), {"hosts": n_hosts - 1, "gpus": 0}
+    else:
+        procs = this_host().spawn_procs(per_host={"gpus": 4})
+    last = {label: size - 1 for label, size in zip(procs._shape.labels, procs._shape.sizes, strict=True)}
+    far_rank = procs._addrs[procs.slice(**far)._shape.ranks()[0]][1]
     world_ranks = [a[1] for a in procs._addrs]
     pool = all(a[0] == 0 for a in procs._addrs)
     floors, rates, cpu_rates, ours, ours_inplace, base, fetched, sent = [], [], [], [], [], [], [], []
@@ -111,22 +131,22 @@ def main() -> None:
                 a = a + 1
             rates.append(args.ops / (time.perf_counter() - t0))
             cpu_rates.append(args.ops / (time.thread_time() - c0))
-        assert mpimesh.inspect(a, gpus=3)[0].item() == args.ops
+        assert mpimesh.inspect(a, **last)[0].item() == args.ops
         floors.append(floor_rate(args.ops))
         # T2
         with procs.activate():
-            warm = big.reduce("gpus", "sum")
+            warm = big.reduce(dims, "sum")
         mpimesh.inspect(warm.view(-1)[:1])
         times, times_inplace = [], []
         for _ in range(args.reps):
             t0 = time.perf_counter()
             with procs.activate():
-                s = big.reduce("gpus", "sum")
+                s = big.reduce(dims, "sum")
             mpimesh.inspect(s[:1])
             times.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             with procs.activate():
-                big.reduce_("gpus", "sum")
+                big.reduce_(dims, "sum")
             mpimesh.inspect(big[:1])
             times_inplace.append(time.perf_counter() - t0)
         with procs.activate():
@@ -138,25 +158,25 @@ def main() -> None:
                 raw = raw_allreduce(big, args.reps + 1, world_ranks)
             base.append(statistics.median(mpimesh.inspect(raw)[1:].tolist()) * 1e3)
         # T3
-        mpimesh.fetch_shard(big, gpus=1).get(120)
+        mpimesh.fetch_shard(big, **far).get(120)
         times = []
         for _ in range(args.reps):
             t0 = time.perf_counter()
-            mpimesh.fetch_shard(big, gpus=1).get(120)
+            mpimesh.fetch_shard(big, **far).get(120)
             times.append(time.perf_counter() - t0)
         fetched.append(statistics.median(times) * 1e3)
         if pool:
-            one = procs.slice(gpus=1)
+            one = procs.slice(**far)
             sink = bytearray(N64 * 4)
             with one.activate():
-                done = raw_send(big.slice_mesh(gpus=1), args.reps + 1)
+                done = raw_send(big.slice_mesh(**far), args.reps + 1)
             mpimesh.tensor._client.client_of(procs).flush()
             secs = []
             for _ in range(args.reps + 1):
                 t0 = time.perf_counter()
-                MPI.COMM_WORLD.Recv(sink, source=world_ranks[1], tag=78)
+                MPI.COMM_WORLD.Recv(sink, source=far_rank, tag=78)
                 secs.append(time.perf_counter() - t0)
-                MPI.COMM_WORLD.Send(bytearray(1), dest=world_ranks[1], tag=79)
+                MPI.COMM_WORLD.Send(bytearray(1), dest=far_rank, tag=79)
             mpimesh.inspect(done)
             sent.append(statistics.median(secs[1:]) * 1e3)
 
@@ -164,6 +184,8 @@ def main() -> None:
         "bench": "T1-T3",
         "what": "tensor engine on 4 processes: ops issued/s; 64 MiB reduce('gpus', 'sum'); 64 MiB fetch_shard",
         "processes": "launch pool" if pool else "spawned",
+        "mesh": dict(zip(procs._shape.labels, procs._shape.sizes, strict=True)),
+        "hosts": sorted(set(procs._hosts)),
         "t1_ops_per_s": round(median(rates)),
         "t1_target": 50_000,
         "t1_ops_per_controller_cpu_s": round(median(cpu_rates)),
