@@ -438,13 +438,14 @@ class RDMABuffer:
 
     def _mpi(self, here: Here, op: str, memory: _buffers.Memory, nbytes: int, timeout: float,
              fut: Future[None]) -> None:
-        from ._data.windows import Transfer, window
+        from ._data.windows import WindowTransfer, window
 
         name = {"read": "read_into", "write": "write_from", "drop": "drop"}[op]
 
-        def error(kind: str) -> BaseException:
-            if kind.startswith("dead"):
-                return self._dead(here, kind[len("dead: "):] or "dead")
+        def error(kind: str, why: str = "") -> BaseException:
+            # "dead" (why: MPI's words when only MPI has said so yet) or "dropped"
+            if kind == "dead":
+                return self._dead(here, why or "dead")
             return self._dropped_error(name)
 
         if op == "read" and self._pulls(here):
@@ -453,7 +454,7 @@ class RDMABuffer:
         win = window()
         if win is None:  # _path() chose "mpi": there is one
             raise ConnectionError(f"no MPI window in process {here.addr[0]}.{here.addr[1]}")
-        Transfer(win, here.dead, self._h, repr(self), op, memory, nbytes, timeout, fut, error).start()
+        WindowTransfer(win, here.dead, self._h, repr(self), op, memory, nbytes, timeout, fut, error).start()
 
 
 _cma_refused: set[int] = set()

@@ -32,6 +32,7 @@ from .._transport.frames import Addr, Frame, pull
 from .._transport.mpi import MPI
 from . import buffers as _buffers
 from .registry import registry
+from .transfers import Transfer, abandoned
 
 if TYPE_CHECKING:
     from .._transport.router import Router
@@ -44,9 +45,6 @@ TAG_BASE = 0x1000
 _TAGS = 0x1000
 #: One message carries a pull (MPI-3 counts are C ints); larger reads use the window.
 MAX_BYTES = (1 << 31) - 1
-
-# Receives given up on (timeout, dead owner) keep their memory alive: MPI may still write into it.
-_abandoned: list[Any] = []
 
 # Error classes that mean "the owner's process has failed" (ULFM).
 _FAILED = {getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED") if hasattr(MPI, n)}
@@ -118,48 +116,20 @@ def _done() -> None:
     pass
 
 
-class Pull:
+class Pull(Transfer):
     """One read of a remote buffer by pull, driven by the router's polls (see the module's docstring).
 
     Args:
-        pulls: this process's pulls.
-        dead: the addresses of dead processes (``Runtime.dead``).
-        handle: the buffer's handle (``owner``, ``token``).
-        what: the buffer's repr, for messages.
-        memory: the local destination.
-        nbytes: bytes to read.
-        timeout: seconds before the future fails with ``TimeoutError``.
-        fut: settled when done.
-        errors: ``errors("dead")`` (``"dead: why"`` when only MPI said so) / ``errors("dropped")``: the
-            exception for those cases.
+        pulls: this process's pulls; the rest as :class:`~.transfers.Transfer`.
     """
 
     def __init__(self, pulls: Pulls, dead: dict[Addr, str], handle: Any, what: str, memory: _buffers.Memory,
-                 nbytes: int, timeout: float, fut: Future[None], errors: Callable[[str], BaseException]) -> None:
+                 nbytes: int, timeout: float, fut: Future[None], errors: Callable[..., BaseException]) -> None:
+        super().__init__(dead, handle, what, "read", memory, nbytes, timeout, fut, errors)
         self.pulls = pulls
-        self.dead = dead
-        self.h = handle
-        self.what = what
-        self.memory = memory
-        self.nbytes = nbytes
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
-        self.fut = fut
-        self.errors = errors
-        self.staged: Any = None
-        self.request: Any = None
         self.status = MPI.Status()
         #: when MPI said the owner failed, and its words
         self.lost: tuple[float, str] | None = None
-
-    def _local(self) -> Any:
-        memory = self.memory
-        if memory.device == "cpu":
-            return memory.array()[: self.nbytes]
-        if _buffers.cuda_support().aware:
-            return memory.tensor()[: self.nbytes]
-        self.staged = _buffers.take_staging(self.nbytes)
-        return self.staged[: self.nbytes].numpy()
 
     def start(self) -> None:
         router = self.pulls.router
@@ -178,7 +148,7 @@ class Pull:
         except (MPI.Exception, ConnectionError) as exc:
             error = exc if isinstance(exc, ConnectionError) else self._error(exc)
             if self.request is not None:
-                _abandoned.append((self.request, self.local, self.staged, self.memory))
+                abandoned.append(self._alive())
                 self.staged = None
             self._finish(error)
             return
@@ -191,7 +161,7 @@ class Pull:
         if self.lost is not None:
             if time.monotonic() < self.lost[0] + _REPORT_GRACE:
                 return None  # the controller's report of the death is on its way
-            return self._abandon(self.errors(f"dead: reported failed by MPI ({self.lost[1]})"))
+            return self._abandon(self.errors("dead", f"reported failed by MPI ({self.lost[1]})"))
         if time.monotonic() > self.deadline:
             return self._abandon(TimeoutError(
                 f"RDMABuffer.read_into: {self.what} not read after {self.timeout:g} s; its owner's process "
@@ -209,34 +179,9 @@ class Pull:
             return self._settle(self.errors("dropped"))  # the owner sent nothing: the buffer was dropped
         return self._settle(None)
 
-    def _error(self, exc: Any) -> BaseException:
-        return ConnectionError(f"RDMABuffer.read_into: MPI failed on {self.what}: {exc.Get_error_string()}")
-
     def _abandon(self, error: BaseException) -> Any:
         try:
-            self.request.Cancel()
+            self.request.Cancel()  # a receive can be cancelled (one-sided requests cannot)
         except MPI.Exception:
             pass
-        _abandoned.append((self.request, self.local, self.staged, self.memory))
-        self.staged = None
-        return self._settle(error)
-
-    def _settle(self, error: BaseException | None) -> Any:
-        return lambda: self._finish(error)
-
-    def _finish(self, error: BaseException | None) -> None:
-        try:
-            if error is None and self.staged is not None:
-                self.memory.tensor()[: self.nbytes].copy_(self.staged[: self.nbytes])
-        except BaseException as exc:
-            error = exc
-        finally:
-            if self.staged is not None:
-                _buffers.give_staging(self.staged)
-                self.staged = None
-        if self.fut.done():
-            return
-        if error is None:
-            self.fut.set_result(None)
-        else:
-            self.fut.set_exception(error)
+        return super()._abandon(error)

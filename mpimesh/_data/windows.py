@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING, Any
 from .._transport.mpi import MPI
 from ..config import settings
 from . import buffers as _buffers
+from .transfers import Transfer
 
 if TYPE_CHECKING:
     from .._transport.router import Router
     from ..future import Future
 
-__all__ = ["Transfer", "Window", "mode", "open_island", "window", "unavailable"]
+__all__ = ["Window", "WindowTransfer", "mode", "open_island", "window", "unavailable"]
 
 Addr = tuple[int, int]
 
@@ -148,63 +149,27 @@ def unavailable() -> str:
 # transfers
 
 
-# Requests given up on (timeout, dead owner) keep their memory alive: MPI may
-# still write into it.
-_abandoned: list[Any] = []
-
-
-class Transfer:
+class WindowTransfer(Transfer):
     """One read, write or drop of an RDMABuffer through the owner's island window, driven by the router's polls.
 
     Phase 1 reads the buffer's token slot; phase 2 moves the data (a drop
     writes 0 to the slot instead).  Each phase is one non-blocking request.
 
     Args:
-        win: this process's window (it reaches the owner).
-        dead: the addresses of dead processes (``Runtime.dead``).
-        handle: the buffer's handle (``owner``, ``addr``, ``slot``, ``token``).
-        what: the buffer's repr, for messages.
-        op: ``"read"``, ``"write"`` or ``"drop"``.
-        memory: the local side.
-        nbytes: bytes to move.
-        timeout: seconds before the future fails with ``TimeoutError``.
-        fut: settled when done.
-        errors: ``errors("dead")`` / ``errors("dropped")``: the exception for those cases.
+        win: this process's window (it reaches the owner); the rest as
+            :class:`~.transfers.Transfer` (``handle`` also has ``addr`` and ``slot``).
     """
 
     def __init__(self, win: Window, dead: dict[Addr, str], handle: Any, what: str, op: str,
                  memory: _buffers.Memory, nbytes: int, timeout: float, fut: Future[None],
-                 errors: Callable[[str], BaseException]) -> None:
+                 errors: Callable[..., BaseException]) -> None:
         import numpy as np
 
+        super().__init__(dead, handle, what, op, memory, nbytes, timeout, fut, errors)
         self.win = win
-        self.dead = dead
-        self.h = handle
-        self.what = what
-        self.errors = errors
-        self.op = op
-        self.name = {"read": "read_into", "write": "write_from", "drop": "drop"}[op]
-        self.memory = memory
-        self.nbytes = nbytes
-        self.fut = fut
-        self.deadline = time.monotonic() + timeout
-        self.timeout = timeout
         self.rank = handle.owner[1]
         self.token = np.zeros(1, np.uint64)
-        self.staged: Any = None
-        self.request: Any = None
         self.phase = 1
-
-    def _local(self) -> Any:
-        memory = self.memory
-        if memory.device == "cpu":
-            return memory.array()[: self.nbytes]
-        if _buffers.cuda_support().aware:
-            return memory.tensor()[: self.nbytes]
-        self.staged = _buffers.take_staging(self.nbytes)
-        if self.op == "write":
-            self.staged[: self.nbytes].copy_(memory.tensor()[: self.nbytes])
-        return self.staged[: self.nbytes].numpy()
 
     def start(self) -> None:
         self.local = self._local()
@@ -246,30 +211,5 @@ class Transfer:
             return self._settle(self._error(exc))
         return self._settle(None)
 
-    def _error(self, exc: Any) -> BaseException:
-        return ConnectionError(f"RDMABuffer.{self.name}: MPI failed on {self.what}: {exc.Get_error_string()}")
-
-    def _abandon(self, error: BaseException) -> Any:
-        _abandoned.append((self.request, self.local, self.token, self.staged))
-        self.staged = None
-        return self._settle(error)
-
-    def _settle(self, error: BaseException | None) -> Any:
-        return lambda: self._finish(error)
-
-    def _finish(self, error: BaseException | None) -> None:
-        try:
-            if error is None and self.staged is not None and self.op == "read":
-                self.memory.tensor()[: self.nbytes].copy_(self.staged[: self.nbytes])
-        except BaseException as exc:
-            error = exc
-        finally:
-            if self.staged is not None:
-                _buffers.give_staging(self.staged)
-                self.staged = None
-        if self.fut.done():
-            return
-        if error is None:
-            self.fut.set_result(None)
-        else:
-            self.fut.set_exception(error)
+    def _alive(self) -> tuple[Any, ...]:
+        return (*super()._alive(), self.token)
