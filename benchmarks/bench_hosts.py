@@ -16,8 +16,10 @@ the same link (TCP over a veth pair and a bridge), in the same job.
 * X4: ``bench_b4.py`` as it is (64 MiB float32 tensor; ``transfer_only`` is
   the no-op endpoint) against a 64 MiB ``Send``/``Recv``; and this file's
   ``first`` job: the first call with a 64 MiB tensor after the actor is
-  ``initialized``, the steady calls after it, and raw ``Send``/``Recv``.
-  Targets: >= 0.8x raw, first <= 2x steady.
+  ``initialized``, the steady calls after it, and raw ``Send``/``Recv``;
+  and its ``rawfirst`` job: raw mpi4py's own first 64 MiB ``Send`` (into a
+  fresh buffer, over an unused link) against its steady ones, in a job of
+  its own.  Targets: >= 0.8x raw, first <= 2x steady.
 * X6: ``bench_b6.py`` as it is (``RDMABuffer.read_into`` of 64 MiB against
   ``Win.Allocate`` + ``Get``); and this file's ``rdma`` job: the same reads,
   then as many ``write_from`` of 64 MiB, against a raw ``Send``/``Recv`` of
@@ -110,6 +112,28 @@ def job_first(calls: int) -> None:
                       "raw_ms": round(statistics.median(raw[2:]), 2),
                       "ratio": round(statistics.median(raw[2:]) / steady, 2),
                       "calls_ms": [round(t, 1) for t in times]}), flush=True)
+
+
+def job_rawfirst(calls: int) -> None:
+    """X4's first transfer in raw mpi4py, in a job of its own (plain python): Send/Recv of 64 MiB, each acked.
+
+    Rank 1 receives into one buffer it allocated fresh, as a worker receives
+    a first argument into fresh memory, over a link nothing used before.
+    """
+    import _bulk
+    import torch
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_rank() == 1:
+        _bulk.sendrecv_peer(comm, NB, calls)
+        return
+    x = torch.randn(NB // 4)
+    raw = [s * 1e3 for s in _bulk.sendrecv_root(comm, 1, x.view(torch.uint8).numpy(), calls)]
+    steady = statistics.median(raw[2:])
+    print(json.dumps({"raw_first_ms": round(raw[0], 2), "raw_steady_ms": round(steady, 2),
+                      "raw_first_over_steady": round(raw[0] / steady, 2),
+                      "raw_ms_each": [round(t, 1) for t in raw]}), flush=True)
 
 
 def job_rdma(reads: int) -> None:
@@ -307,6 +331,10 @@ def one_run(what: list[str], fl: list[str], hosts: list[str], args: argparse.Nam
         first = job("X4first", [*pair, __file__, "--job", "first", "--calls", "12"], 300)
         rows.append({k: first.get(k) for k in ("bench", "spawn_to_initialized_s", "first_ms", "steady_ms",
                                                 "first_over_steady", "raw_ms", "ratio", "error")})
+        raw_pair = [*pair[: pair.index("-m")], __file__, "--job", "rawfirst", "--calls", "12"]
+        rawfirst = job("X4rawfirst", raw_pair, 300)
+        rows.append({k: rawfirst.get(k) for k in ("bench", "raw_first_ms", "raw_steady_ms", "raw_first_over_steady",
+                                                   "error")})
     if "x6" in what:
         b6 = job("X6", [*pair, "bench_b6.py", "--repeats", "3", "--mpi-reads", "0"], 600)
         rows.append({"bench": "X6", "backend": b6.get("backend"), "read_ms": b6.get("median_ms"),
@@ -371,12 +399,14 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated: x1,x4,x6,x7")
     ap.add_argument("--hosts", default="mh1,mh2")
     ap.add_argument("--x7-workers", type=int, default=6, help="pool workers on the other host per X7 job")
-    ap.add_argument("--job", choices=["first", "rdma", "hostloss"], help=argparse.SUPPRESS)
+    ap.add_argument("--job", choices=["first", "rawfirst", "rdma", "hostloss"], help=argparse.SUPPRESS)
     ap.add_argument("--calls", type=int, default=12, help=argparse.SUPPRESS)
     ap.add_argument("--reads", type=int, default=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.job == "first":
         return job_first(args.calls)
+    if args.job == "rawfirst":
+        return job_rawfirst(args.calls)
     if args.job == "rdma":
         return job_rdma(args.reads)
     if args.job == "hostloss":
