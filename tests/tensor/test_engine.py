@@ -53,6 +53,22 @@ def test_operations_run_on_every_process_over_its_local_tensor(procs: Any) -> No
     assert mpimesh.fetch_shard(y, gpus=1).get(60).tolist() == [108.0, 108.0, 108.0]
 
 
+def test_every_argument_form_reaches_the_workers(procs: Any) -> None:
+    """Keyword arguments, local tensors, lists of mesh tensors and ``out=`` (the flat and the general command)."""
+    local = torch.arange(4.0)
+    with procs.activate():
+        a = torch.ones(4) + procs.rank_tensor("gpus")
+        b = torch.add(a, local, alpha=2)  # a keyword, and a controller tensor sent with the batch
+        c = torch.cat([a, b])  # a list: the general form
+        d = torch.empty(4)
+        torch.mul(a, 3, out=d)  # a mesh tensor by keyword
+        e = a.clamp(min=1.5, max=2.5)
+    assert mpimesh.inspect(b, gpus=1).tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert mpimesh.inspect(c, gpus=0).tolist() == [1.0] * 4 + [1.0, 3.0, 5.0, 7.0]
+    assert mpimesh.inspect(d, gpus=1).tolist() == [6.0] * 4
+    assert mpimesh.inspect(e, gpus=0).tolist() == [1.5] * 4 and mpimesh.inspect(e, gpus=1).tolist() == [2.0] * 4
+
+
 def test_the_controller_knows_shapes_and_raises_shape_errors_at_the_line(procs: Any) -> None:
     """Results have shape, dtype and device at once; a shape error raises at the controller like local torch."""
     with procs.activate():
