@@ -245,7 +245,7 @@ def mesh_tensor(meta: torch.Tensor, procs: ProcMesh, client: MeshClient, device:
 #: lookup ~2 us (shapes never depend on values).  Bounded: cleared when full.
 _RESULTS: dict[Any, Any] = {}
 _RESULTS_MAX = 4096
-_NAMES: dict[int, tuple[str, str | None]] = {}  # id(OpOverload) -> its name, and _NEEDS_VALUE's hint
+_NAMES: dict[int, tuple[str, str | None, Any]] = {}  # id(OpOverload) -> its name, _NEEDS_VALUE's hint, itself
 _CONTAINERS = (list, tuple, dict)
 
 
@@ -303,12 +303,12 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
                 simple = False
                 break
     leaves = ([*args, *kwargs.values()] if kwargs else list(args)) if simple else tree_flatten((args, kwargs))[0]
-    # by id: an OpOverload hashes in Python, and overloads live as long as torch does
+    # by id, as an OpOverload hashes in Python; the entry holds the operator, so its id is never reused
     known = _NAMES.get(id(func))
     if known is None:
         name = func.name()  # "aten::add.Tensor"
-        known = _NAMES[id(func)] = (name, _NEEDS_VALUE.get(name))
-    name, hint = known
+        known = _NAMES[id(func)] = (name, _NEEDS_VALUE.get(name), func)
+    name, hint, _ = known
     first: Tensor | None = None
     parts: list[Any] = []  # the result cache's key: one part per leaf, a handle's from _new_handle
     for leaf in leaves:
