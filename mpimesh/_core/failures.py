@@ -162,6 +162,11 @@ class Failures:
                 continue
             self._mpi_reported.setdefault(addr, (time.monotonic(), text))
 
+    def settle_reported(self, addr: Addr, cause: str) -> None:
+        """The fuller report of a death ULFM reported (its host's watcher's): declare it now with ``cause``."""
+        if self._mpi_reported.pop(addr, None) is not None:
+            self.declare_dead(addr, cause)
+
     def check_reported(self) -> None:
         """Declare dead the ULFM reports whose grace has run out (run about once per millisecond)."""
         if not self._mpi_reported:

@@ -60,6 +60,8 @@ class Kind:
     LINK: Final = LINK
     MARK: Final = MARK
     PULL: Final = PULL
+    WATCH: Final = 24
+    EXITED: Final = 25
 
 
 class Status:
@@ -316,6 +318,26 @@ def seq(bufsizes: tuple[int, ...] | None, sender: Addr, sequence: int, inner: Fr
     ``None`` for a number skipped (a broadcast lost with its relay).
     """
     return (_SEQ, bufsizes, sender, sequence, inner)
+
+
+_declare(Kind.WATCH, "WATCH", "peers", "_roles.worker.Worker.on_watch")
+
+
+def watch(peers: list[tuple[Addr, int]]) -> Frame:
+    """Controller -> a worker on another host: watch these workers of your host (address, pid), report their exits.
+
+    The controller reads a same-host worker's exit through a pidfd; on
+    another host one worker does it for the others (``_roles.hostwatch``).
+    """
+    return (Kind.WATCH, None, peers)
+
+
+_declare(Kind.EXITED, "EXITED", "addr cause", "_roles.controller.Controller.on_exited")
+
+
+def exited(addr: Addr, cause: str) -> Frame:
+    """Worker -> controller: a worker of my host that I watch has exited, and why (its wait status, its last words)."""
+    return (Kind.EXITED, None, addr, cause)
 
 
 _declare(LINK, "LINK", "op peer port", "_transport.peers.Peers.on_link")

@@ -43,6 +43,10 @@ __all__ = ["Controller", "ProcInfo"]
 Addr = tuple[int, int]
 
 
+#: Workers per other host that watch the others' exits there (two: each sees the other's death).
+_WATCHERS = 2
+
+
 @dataclass
 class ProcInfo:
     """What the controller knows about one worker process."""
@@ -76,6 +80,7 @@ class Controller(BaseRole):
                 Kind.PROCS: self.on_procs,
                 Kind.LOG: self.on_log,
                 Kind.PING: self.on_ping,
+                Kind.EXITED: self.on_exited,
             },
         )
         self.lock = threading.RLock()
@@ -107,6 +112,11 @@ class Controller(BaseRole):
         self.unconfirmed: set[Addr] = set()
         #: the workers' liveness, watched from start() on
         self.liveness: Liveness | None = None
+        #: on each other host, the two workers that watch every other worker's exit there, and each other
+        #: (``hostwatch``): a watcher's own death is seen too
+        self.watchers: dict[str, list[Addr]] = {}
+        #: how workers of other hosts ended, as their host's watcher reported (``on_exited``)
+        self.exit_causes: dict[Addr, str] = {}
         runtime.every_ms(self._check_liveness)
         runtime.role = self
 
@@ -121,6 +131,7 @@ class Controller(BaseRole):
         rt.router.heard = liveness.last_heard
         for proc in self.procs.values():
             liveness.watch(proc.addr, proc.pid, proc.host)
+            self._watch_remote(proc)
         self._thread.start()
 
     def _between_polls(self) -> None:
@@ -400,8 +411,40 @@ class Controller(BaseRole):
         proc.host, proc.pid, proc.hello = host, pid, True
         if self.liveness is not None:
             self.liveness.watch(src, pid, host)
+        self._watch_remote(proc)
         with self.cond:
             self.cond.notify_all()
+
+    def on_exited(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """EXITED: a host watcher saw a worker of its host exit, and why; the death's report gives it."""
+        _, _, addr, cause = frame
+        self.exit_causes[addr] = cause
+        self.rt.failures.settle_reported(addr, cause)
+
+    def _watch_remote(self, proc: ProcInfo) -> None:
+        """Have workers of ``proc``'s host watch its exit, when that host is not this one (``hostwatch``)."""
+        if not proc.pid or proc.host == self.rt.host or proc.dead:
+            return
+        watchers = [w for w in self.watchers.get(proc.host, []) if not self.procs[w].dead]
+        for watcher in watchers:
+            if watcher != proc.addr:
+                self._send_watch(watcher, [(proc.addr, proc.pid)])
+        if len(watchers) < _WATCHERS and proc.addr not in watchers:
+            watchers.append(proc.addr)
+            self._send_watch(proc.addr, self._watchable(proc.host, but=proc.addr))
+        self.watchers[proc.host] = watchers
+
+    def _watchable(self, host: str, but: Addr) -> list[tuple[Addr, int]]:
+        return [(p.addr, p.pid) for p in list(self.procs.values())
+                if p.host == host and p.addr != but and p.hello and p.pid and not p.dead and not p.bye]
+
+    def _send_watch(self, watcher: Addr, peers: list[tuple[Addr, int]]) -> None:
+        if not peers:
+            return
+        try:
+            self.rt.send(watcher, protocol.watch(peers))
+        except ConnectionError:
+            pass  # the watcher died: its death names another one
 
     def on_bye(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """BYE: a worker is leaving."""
@@ -464,6 +507,15 @@ class Controller(BaseRole):
             self.unconfirmed.add(addr)
         if self.liveness is not None:
             self.liveness.forget(addr)
+        watchers = self.watchers.get(proc.host)
+        if watchers is not None and addr in watchers:
+            # a watcher died (the other one saw it): another worker of its host takes its place
+            watchers.remove(addr)
+            for other, _ in self._watchable(proc.host, but=addr):
+                if other not in watchers:
+                    watchers.append(other)
+                    self._send_watch(other, self._watchable(proc.host, but=other))
+                    break
         with self.cond:
             self.cond.notify_all()
         return f"process {addr[0]}.{addr[1]} (pid {proc.pid}) on {proc.host} died: {cause}"
@@ -477,11 +529,20 @@ class Controller(BaseRole):
             return True
         liveness = self.liveness
         if liveness is None or not liveness.watches(addr):
-            # another node: heartbeats would take seconds
-            self.rt.failures.declare_dead(addr, f"reported failed by MPI ({text})")
+            # another node: its host's watcher tells how it ended (now, or within the grace)
+            cause = self.exit_causes.pop(addr, None)
+            if cause is None and self._watched_remotely(addr):
+                return False
+            self.rt.failures.declare_dead(addr, cause or f"reported failed by MPI ({text})")
             return True
         liveness.check()
         return addr in self.rt.dead
+
+    def _watched_remotely(self, addr: Addr) -> bool:
+        """Whether a live worker of ``addr``'s host (another host) watches its exit."""
+        proc = self.procs.get(addr)
+        watchers = self.watchers.get(proc.host, []) if proc is not None else []
+        return any(w != addr and not self.procs[w].dead for w in watchers)
 
     def fatal(self, report: str) -> None:
         """A process died in a job that cannot survive it: end the job now, with the report."""

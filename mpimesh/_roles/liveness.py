@@ -77,8 +77,8 @@ from ..config import settings
 from .exits import describe, exit_status
 
 __all__ = [
-    "BUSY_CPU", "PING_AFTER", "Liveness", "Process", "job_dir", "last_words_path", "progress", "start_last_words",
-    "stop_last_words",
+    "BUSY_CPU", "PING_AFTER", "Liveness", "Process", "exit_cause", "job_dir", "last_words_path", "progress",
+    "start_last_words", "stop_last_words",
 ]
 
 Addr = tuple[int, int]
@@ -207,6 +207,28 @@ _FATAL_SIGNALS = {
     "Floating point exception": signal.SIGFPE.value,
     "Illegal instruction": signal.SIGILL.value,
 }
+
+
+def exit_cause(controller_pid: int, addr: Addr, status: int | None = None) -> str:
+    """Why worker ``addr`` of this host exited: its last words if it left any, else its wait status if known.
+
+    Read where the worker ran: by the controller for its own host's workers,
+    by a host watcher (``hostwatch``) for another host's.
+    """
+    path = last_words_path(controller_pid, addr)
+    try:
+        with open(path) as f:
+            words = f.read()
+        os.unlink(path)
+    except OSError:
+        words = ""
+    for line in words.splitlines():
+        if line.startswith("Fatal Python error:"):
+            what = line[len("Fatal Python error: "):].strip()
+            number = _FATAL_SIGNALS.get(what)
+            monarch = f", Killed(sig={number})" if number else ""  # as Monarch names it
+            return f"killed by a fatal signal ({what}{monarch})"
+    return describe(status)
 
 
 class Liveness:
@@ -386,20 +408,7 @@ class Liveness:
 
     def cause(self, addr: Addr, status: int | None = None) -> str:
         """Why ``addr`` died: from its last words if it left any, else from its wait status if known."""
-        path = last_words_path(self.rt.pid, addr)
-        try:
-            with open(path) as f:
-                words = f.read()
-            os.unlink(path)
-        except OSError:
-            words = ""
-        for line in words.splitlines():
-            if line.startswith("Fatal Python error:"):
-                what = line[len("Fatal Python error: "):].strip()
-                number = _FATAL_SIGNALS.get(what)
-                monarch = f", Killed(sig={number})" if number else ""  # as Monarch names it
-                return f"killed by a fatal signal ({what}{monarch})"
-        return describe(status)
+        return exit_cause(self.rt.pid, addr, status)
 
     def close(self) -> None:
         """Stop watching everything and remove the job's last-words directory."""

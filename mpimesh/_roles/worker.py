@@ -31,6 +31,7 @@ from ..config import settings
 from ..future import Future
 from ..supervision import MeshFailure
 from .base import BaseRole
+from .hostwatch import HostWatch
 from .job_status import set_job_exit_status
 from .liveness import BUSY_CPU, PING_AFTER, leave_job_dir, stop_last_words
 
@@ -141,7 +142,8 @@ class Worker(BaseRole):
 
     def __init__(self, runtime: Runtime, *, spawned: bool = False) -> None:
         super().__init__(
-            runtime, {Kind.INIT: self.on_init, Kind.SHUTDOWN: self.on_shutdown, Kind.PING: self.on_ping}
+            runtime, {Kind.INIT: self.on_init, Kind.SHUTDOWN: self.on_shutdown, Kind.PING: self.on_ping,
+                      Kind.WATCH: self.on_watch}
         )
         self.spawned = spawned
         #: a spawned worker has heard the controller's INIT
@@ -153,6 +155,8 @@ class Worker(BaseRole):
         self.forwarders: list[Forwarder] = []
         #: speaks for this worker while its polling stalls, once it serves
         self.heartbeat = Heartbeat(runtime)
+        #: this host's other workers, watched for a controller on another host (made by the first WATCH)
+        self.host_watch: HostWatch | None = None
         # When the controller's silence is counted from (see _controller_alive).
         self._watched = time.monotonic()
         self._silent_since = 0.0
@@ -175,7 +179,15 @@ class Worker(BaseRole):
         """SHUTDOWN: stop every actor, say BYE and exit with the status given."""
         _, _, exit_code, deaths = frame
         self.deaths = self.deaths or deaths
+        if self.host_watch is not None:
+            self.host_watch.close()  # the others leave too: their exits are no news
         self.request_stop(exit_code)
+
+    def on_watch(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """WATCH: report the exits of these workers of this host to the controller (it runs on another host)."""
+        if self.host_watch is None:
+            self.host_watch = HostWatch(self.rt)
+        self.host_watch.add(frame[2])
 
     def on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """PING: echo the controller's heartbeat (quietly: a heartbeat wakes nobody)."""

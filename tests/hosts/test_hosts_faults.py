@@ -22,11 +22,13 @@ today fail, with the reason in docs/design/hosts.md.
 from __future__ import annotations
 
 import re
+import signal
 import time
 from typing import Any
 
 import pytest
 from hostlib import HOST_TMP, PREAMBLE, Job, assert_ended, host_cmd, hosts, kill_host, run_job
+from mpitest import death_cause_re
 
 pytestmark = pytest.mark.subprocess
 
@@ -117,9 +119,21 @@ def matrix_job(fault: str, tmp_path_factory: pytest.TempPathFactory) -> Job:
     return _jobs[fault]
 
 
-def died_re(row: dict[str, Any]) -> str:
-    """The death report: which process, its pid and host, and a cause."""
-    return rf"process 0\.{row['rank'] + 1} \(pid {row['pid']}\) on {re.escape(row['host'])} died: .+"
+#: How each death reads although it happened on another host: the host's watcher read the wait status
+#: and the last words there (``_roles.hostwatch``), as the controller does for its own host's workers.
+CAUSES = {
+    "exit0": death_cause_re(0),
+    "exit1": death_cause_re(1),
+    "sigkill": death_cause_re(None, signal.SIGKILL),
+    "sigsegv": r"killed by a fatal signal \(Segmentation fault, Killed\(sig=11\)\)",
+    "host": ".+",
+}
+
+
+def died_re(row: dict[str, Any], fault: str) -> str:
+    """The death report: which process, its pid and host, and the cause."""
+    return (rf"process 0\.{row['rank'] + 1} \(pid {row['pid']}\) on {re.escape(row['host'])} died: "
+            rf"{CAUSES[fault]}")
 
 
 @pytest.mark.parametrize("fault", CASES)
@@ -154,14 +168,14 @@ def test_caller_sees_the_fault(fault: str, tmp_path_factory: pytest.TempPathFact
             assert later["type"] == "TimeoutError", job.describe()
         else:
             assert row["type"] == "SupervisionError", job.describe()
-            expected = rf"Endpoint call w\.fault\(\) {GONE}{died_re(row)}"
+            expected = rf"Endpoint call w\.fault\(\) {GONE}{died_re(row, fault)}"
             assert re.fullmatch(expected, row["message"]), job.describe()
             since = job.marks["killed"] if fault == "host" else row["since"]
             bound = BOUND.get(fault, DETECT_BOUND)
             assert row["at"] - since < bound, f"detected after {row['at'] - since:.3f} s > {bound} s\n" + \
                 job.describe()
             assert later["type"] == "SupervisionError", job.describe()
-            expected = rf"Endpoint call w\.where\(\) {GONE}{died_re(row)}"
+            expected = rf"Endpoint call w\.where\(\) {GONE}{died_re(row, fault)}"
             assert re.fullmatch(expected, later["message"]), job.describe()
             assert later["seconds"] < AT_ONCE, job.describe()
 
