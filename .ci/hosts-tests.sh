@@ -34,7 +34,8 @@
 #   HOSTS_TESTS_KEEP=1    leave the hosts up at the end
 #   HOSTS_TESTS_TIMEOUT   seconds per step (default 900)
 #   VENV                  the Open MPI virtualenv (default <repo>/.venv)
-#   HOSTS_TESTS_JUNIT     path prefix: each pytest step writes PREFIX-<step>.xml
+#   HOSTS_TESTS_JUNIT     path prefix: each pytest step writes PREFIX-<step>.xml (default: a
+#                         temporary directory); a step that leaves no report failed
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -58,6 +59,7 @@ UP=0
 finish() {
   local rc=$?
   trap - EXIT INT TERM
+  [ -n "${JUNIT_DIR:-}" ] && rm -rf "$JUNIT_DIR"
   if [ "$UP" = 1 ] && [ "${HOSTS_TESTS_KEEP:-0}" != 1 ]; then
     timeout 60 bash "$HERE/multihost.sh" down || log "warning: multihost.sh down failed"
   fi
@@ -115,18 +117,45 @@ for line in leftovers(sys.argv[1]):
   return 1
 }
 
-# step NAME COMMAND...: run bounded, with a tag; record the outcome.
+# Every pytest step writes a JUnit report: its presence is the proof that the
+# run went to its end (prterun exits 0 when PRRTE loses a host's daemon and
+# kills the job mid-run, so the exit status alone can hide a cut-off run).
+JUNIT=${HOSTS_TESTS_JUNIT:-}
+if [ -z "$JUNIT" ]; then
+  JUNIT_DIR=$(mktemp -d)  # removed by finish
+  JUNIT=$JUNIT_DIR/hosts
+fi
+LOST_DAEMON="has lost communication with a remote daemon"
+
+# [REPORT=path] step NAME COMMAND...: run bounded, with a tag; record the outcome.
+# A run that ends with status 0 but without its report failed; when PRRTE said
+# it lost a daemon (an infrastructure failure of the simulated hosts, seen about
+# once in 20 CI runs here), the step runs once more, and the log says so.
 step() {
-  local name=$1 T rc tag
+  local name=$1 T rc tag out attempt
   shift
   if [[ " $ONLY " != *" $name "* ]] && [ "$name" != check ]; then return 0; fi
   tag="mpimesh-test-hosts-$name-$$"
-  log "$name: $*"
-  T=$(now)
-  MPIMESH_TEST_TAG=$tag timeout -k 10 "$STEP_TIMEOUT" "$@" < /dev/null
-  rc=$?
-  [ "$rc" = 124 ] && log "$name: timed out after $STEP_TIMEOUT s"
-  if ! clean "$tag"; then log "$name: left processes behind"; rc=${rc/#0/1}; fi
+  for attempt in 1 2; do
+    log "$name: $*"
+    T=$(now)
+    out=$(mktemp)
+    MPIMESH_TEST_TAG=$tag timeout -k 10 "$STEP_TIMEOUT" "$@" < /dev/null 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 124 ] && log "$name: timed out after $STEP_TIMEOUT s"
+    if ! clean "$tag"; then log "$name: left processes behind"; rc=${rc/#0/1}; fi
+    if [ "$rc" = 0 ] && [ -n "${REPORT:-}" ] && [ ! -s "$REPORT" ]; then
+      if [ "$attempt" = 1 ] && grep -q "$LOST_DAEMON" "$out"; then
+        log "$name: PRRTE lost a host's daemon and ended the job with status 0 before pytest finished: once more"
+        rm -f "$out"
+        continue
+      fi
+      log "$name: no test report ($REPORT): the job ended before pytest did"
+      rc=1
+    fi
+    rm -f "$out"
+    break
+  done
   log "$name: rc=$rc in $(since "$T") s"
   if [ "$rc" = 0 ]; then PASSED+=("$name"); else FAILED+=("$name"); fi
 }
@@ -134,15 +163,12 @@ step() {
 # shellcheck disable=SC2086  # FLAGS are words
 step check bash "$HERE/multihost.sh" check
 # shellcheck disable=SC2086
-junit() { [ -n "${HOSTS_TESTS_JUNIT:-}" ] && echo "--junitxml=$HOSTS_TESTS_JUNIT-$1.xml"; }
-# shellcheck disable=SC2086,SC2046
-step mesh "$VENV/bin/mpiexec" $FLAGS --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh \
-  -m pytest --with-mpi -m mesh -q --color=no $(junit mesh) tests
+REPORT=$JUNIT-mesh.xml step mesh "$VENV/bin/mpiexec" $FLAGS --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh \
+  -m pytest --with-mpi -m mesh -q --color=no "--junitxml=$JUNIT-mesh.xml" tests
 # the same with every cast down a tree (fan-out 2, from 2 actors), so trees span the hosts
-# shellcheck disable=SC2086,SC2046
-step trees env MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 MPIMESH_CAST_NEAR_DIRECT=0 "$VENV/bin/mpiexec" $FLAGS \
-  -x MPIMESH_CAST_FANOUT -x MPIMESH_CAST_TREE_MIN -x MPIMESH_CAST_NEAR_DIRECT --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh -m pytest --with-mpi -m mesh -q --color=no \
-  $(junit trees) tests
-# shellcheck disable=SC2046
-step hosts env MPIMESH_TEST_HOSTS=mh1,mh2 MPIMESH_TEST_HOSTS_REQUIRED=1 "$PY" -m pytest -q --color=no $(junit hosts) \
-  -m subprocess tests/hosts
+# shellcheck disable=SC2086
+REPORT=$JUNIT-trees.xml step trees env MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 MPIMESH_CAST_NEAR_DIRECT=0 \
+  "$VENV/bin/mpiexec" $FLAGS -x MPIMESH_CAST_FANOUT -x MPIMESH_CAST_TREE_MIN -x MPIMESH_CAST_NEAR_DIRECT \
+  --host mh1:4,mh2:2 -n 6 "$PY" -m mpimesh -m pytest --with-mpi -m mesh -q --color=no "--junitxml=$JUNIT-trees.xml" tests
+REPORT=$JUNIT-hosts.xml step hosts env MPIMESH_TEST_HOSTS=mh1,mh2 MPIMESH_TEST_HOSTS_REQUIRED=1 "$PY" -m pytest -q \
+  --color=no "--junitxml=$JUNIT-hosts.xml" -m subprocess tests/hosts

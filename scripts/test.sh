@@ -22,6 +22,11 @@ reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
 run_no=0
 next_report() { run_no=$((run_no + 1)); report="--junitxml=$reports/run$run_no.xml"; }
+# A run must leave its report, the proof that pytest went to its end: an MPI
+# launcher can end a job early and still exit 0 (prterun, losing a daemon).
+check_report() {
+  [ -s "$reports/run$run_no.xml" ] || { echo "error: test run $run_no left no report: it ended before pytest did"; exit 1; }
+}
 
 mpi_runs() {
   local venv=$1 label=$2
@@ -35,6 +40,7 @@ mpi_runs() {
     next_report
     timeout 900 "${mpiexec[@]}" -n "$n" "$venv/bin/python" -m mpimesh -m pytest --with-mpi -m mesh -q \
       --color=no "$report" tests
+    check_report
   done
   # Every cast down a tree (fan-out 2, from 2 actors; issue #16): the whole
   # suite again, so that order, faults and slices hold on the forwarded path.
@@ -43,6 +49,7 @@ mpi_runs() {
   next_report
   MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 MPIMESH_CAST_NEAR_DIRECT=0 timeout 900 "${mpiexec[@]}" -n 4 "$venv/bin/python" -m mpimesh \
     -m pytest --with-mpi -m mesh -q --color=no "$report" tests
+  check_report
 }
 
 echo "== lint: ruff, mypy --strict"
@@ -53,6 +60,7 @@ echo "== pure and subprocess tests"
 next_report
 timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" \
   --ignore=tests/launch/test_pip_install.py tests
+check_report
 
 # A plain `pip install` into fresh venvs (checkout, sdist, wheel: issue #17):
 # 3-6 minutes of pip and builds, bounded on its own; a test of its own may run
@@ -61,6 +69,7 @@ echo "== pip install into fresh venvs"
 next_report
 timeout 1500 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" -o faulthandler_timeout=0 \
   tests/launch/test_pip_install.py
+check_report
 
 mpi_runs .venv "Open MPI 5"
 
