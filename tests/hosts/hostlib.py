@@ -118,8 +118,27 @@ def run_job(cmd: list[str], *, timeout: float = 90.0, env: dict[str, str] | None
     through ``ip netns exec``); ``mpitest`` finds them by their tag.
     """
     runtime: dict[str, str | None] = {name: value if ulfm else None for name, value in ULFM_RUNTIME.items()}
-    return mpitest.run_job(cmd, timeout=timeout, env={**ENV, **runtime, **(env or {})}, on_line=on_line, end=end,
-                           exit_bound=EXIT_BOUND)
+    job = mpitest.run_job(cmd, timeout=timeout, env={**ENV, **runtime, **(env or {})}, on_line=on_line, end=end,
+                          exit_bound=EXIT_BOUND)
+    if lost_daemon(job):
+        # PRRTE lost a host's daemon in a job that harmed no host: a failure of the simulated
+        # hosts' launcher (it ends the whole job, and prterun exits 0), not of what the test
+        # checks.  Once more, and the job says so in its description.
+        print(f"hostlib: PRRTE lost a daemon in an unharmed job ({job.seconds:.1f} s): once more", file=sys.stderr)
+        again = mpitest.run_job(cmd, timeout=timeout, env={**ENV, **runtime, **(env or {})}, on_line=on_line,
+                                end=end, exit_bound=EXIT_BOUND)
+        again.relaunched += 1
+        return again
+    return job
+
+
+#: PRRTE's words when it loses a host's daemon; it then ends the whole job (docs/design/hosts.md 3.5).
+LOST_DAEMON = "PRTE has lost communication with a remote daemon"
+
+
+def lost_daemon(job: Job) -> bool:
+    """The job was cut short by PRRTE losing a daemon although the test harmed no host (no END line)."""
+    return LOST_DAEMON in job.stderr and job.after_end is None and "killed" not in job.marks
 
 
 def assert_ended(job: Job, code: int = 0) -> None:

@@ -46,6 +46,7 @@ def test_rows_on_their_hosts_then_one_spawn_only(tmp_path) -> None:
     path.write_text(SCRIPT)
     job = run_job(host_cmd(f"{names[0]}:2,{names[1]}:1", 3, str(path)), timeout=90)
     assert job.rows["hosts"]["value"] == names and job.rows["hosts"]["sizes"] == {"hosts": 2}, job.describe()
+    assert "placed" in job.rows, job.describe()
     placed = job.rows["placed"]
     assert placed["sizes"] == {"hosts": 2, "gpus": 2}, job.describe()
     assert placed["islands"] == [0, 1], job.describe()  # pool ranks, and one spawned island
