@@ -241,14 +241,16 @@ class MeshRef:
     def cast(
         self, method: str, what: str, args: tuple[Any, ...], kwargs: dict[str, Any],
         receiver: Callable[[list[Addr]], Receiver] | None, *, reply_to: PortRef | None = None,
-        ranks: list[int] | None = None,
+        ranks: list[int] | None = None, skip_dead: bool = False,
     ) -> None:
         """Call ``method`` on every actor of this view; ``receiver(addrs)`` takes the replies (None: nobody waits).
 
         A target known dead, or one a send finds failed, fails its part of
         the wait.  With nobody waiting here (a broadcast, or replies sent to
         ``reply_to``, a port of any process) it raises instead.  ``ranks``:
-        only these actors of the view (default: all).
+        only these actors of the view (default: all).  ``skip_dead``: with
+        nobody waiting, a target known or found dead is skipped instead of
+        raising, so every live target gets the call exactly once.
 
         Raises:
             TypeError: the arguments do not pickle.
@@ -260,7 +262,14 @@ class MeshRef:
         chosen = range(len(addrs)) if ranks is None else ranks
         verb = "broadcast" if reply_to is None else "send"
         dead = rt.dead
-        if dead and receiver is None:
+        if dead and receiver is None and skip_dead:
+            live = [(rank, addr) for rank, addr in zip(chosen, addrs, strict=True) if addr not in dead]
+            if len(live) < len(addrs):
+                if not live:
+                    return
+                ranks = chosen = [rank for rank, _ in live]
+                addrs = [addr for _, addr in live]
+        elif dead and receiver is None:
             for addr in addrs:
                 if addr in dead:
                     raise SupervisionError(f"cannot {verb} {what}(): {dead[addr]}", endpoint=method)
@@ -287,6 +296,8 @@ class MeshRef:
                                        shape.sizes, waiting, 0 if waiting is None else waiting.gather)
             for addr, why in failed:
                 if waiting is None:
+                    if skip_dead:
+                        continue
                     raise SupervisionError(f"cannot {verb} {what}(): {why}", endpoint=method)
                 if waiting.fail(addr, why):
                     rt.ports.close(pid)
@@ -295,7 +306,7 @@ class MeshRef:
         for rank, addr in zip(chosen, addrs, strict=True):
             report = _post(rt, addr, protocol.call(sizes, key, method, payload, port, points[rank]), buffers, waiting,
                            pid)
-            if report is not None and waiting is None:
+            if report is not None and waiting is None and not skip_dead:
                 raise SupervisionError(f"cannot {verb} {what}(): {report}", endpoint=method)
 
     def cast_one(

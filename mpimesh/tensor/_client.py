@@ -111,20 +111,12 @@ class MeshClient:
     def _send(self, shape: Shape | None, batch: list[tuple[Any, ...]]) -> None:
         if shape is None or not batch:
             return
+        # Every live process of the view gets the batch exactly once (a batch run twice would run
+        # its deletions before its own operations the second time); a dead process's tensors are
+        # gone (fetching them raises SupervisionError), and the others' stream goes on.
         view = self.view(shape)
-        if not _current.current().dead:
-            try:
-                view.run.broadcast(batch)
-                return
-            except SupervisionError:
-                pass  # a process died since: the healthy ones still get the batch
-        # A dead process's tensors are gone (fetching them raises
-        # SupervisionError); the others' stream goes on.
-        dead = _current.current().dead
-        healthy = [rank for rank, addr in enumerate(view._ref.targets) if addr not in dead]
-        if healthy:
-            run = view.run
-            view._ref.cast(run._name, run._what, (batch,), {}, None, ranks=healthy)
+        run = view.run
+        view._ref.cast(run._name, run._what, (batch,), {}, None, skip_dead=True)
 
     def check_alive(self, shape: Shape, dims: tuple[str, ...]) -> None:
         """Raise if a process of ``shape`` is dead: a collective with it would hang the others.
