@@ -78,6 +78,11 @@ class Config:
         cast_fanout: Most messages a cast leaves a process as: a call to a
             view of many actors goes down a tree of this fan-out
             (``MPIMESH_CAST_FANOUT``; see ``_core.multicast``).
+        cast_root_fanout: Most messages a cast down a tree leaves its
+            caller as (``MPIMESH_CAST_ROOT_FANOUT``): the first processes of
+            the tree forward it on, with ``cast_fanout``, and gather the
+            replies, so a call to any number of actors costs the caller (the
+            controller, most often) about what a call to one does.
         cast_tree_min: Casts to at least this many actors go down a tree;
             smaller ones are one message per actor (``MPIMESH_CAST_TREE_MIN``).
         cast_near_direct: A cast with at least this many bytes of buffers
@@ -112,6 +117,7 @@ class Config:
     wire: str = "auto"
     spawns_across_hosts: str = "auto"
     cast_fanout: int = 8
+    cast_root_fanout: int = 1
     cast_tree_min: int = 16
     cast_near_direct: int = 1 << 20
     island_links: str = "never"
@@ -167,6 +173,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         wire=_choice(env, "MPIMESH_WIRE", ("auto", "native", "mpi4py")),
         spawns_across_hosts=_choice(env, "MPIMESH_SPAWNS_ACROSS_HOSTS", ("auto", "always")),
         cast_fanout=int(_number(env, "MPIMESH_CAST_FANOUT", Config.cast_fanout, minimum=1.0)),
+        cast_root_fanout=int(_number(env, "MPIMESH_CAST_ROOT_FANOUT", Config.cast_root_fanout, minimum=1.0)),
         cast_tree_min=int(_number(env, "MPIMESH_CAST_TREE_MIN", Config.cast_tree_min, minimum=2.0)),
         cast_near_direct=int(_number(env, "MPIMESH_CAST_NEAR_DIRECT", Config.cast_near_direct)),
         island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("never", "auto", "always")),

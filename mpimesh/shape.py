@@ -323,7 +323,7 @@ class Shape(_Value):
             the view reaches a negative base index.
     """
 
-    __slots__ = ("_extent", "_inverse", "_offset", "_ranks", "_strides")
+    __slots__ = ("_dense", "_extent", "_inverse", "_offset", "_ranks", "_strides")
 
     def __init__(
         self, labels: Iterable[str], offset: int, sizes: Iterable[int], strides: Iterable[int]
@@ -348,6 +348,7 @@ class Shape(_Value):
         self._offset = number
         self._ranks: tuple[int, ...] | None = None
         self._inverse: dict[int, int] | None = None
+        self._dense: Shape | bool | None = None
 
     @classmethod
     def row_major(cls, labels: Iterable[str], sizes: Iterable[int]) -> Shape:
@@ -364,9 +365,15 @@ class Shape(_Value):
             >>> shape.dense() is shape, shape.slice({"gpus": 1}).dense() == Shape.row_major(("hosts",), (2,))
             (True, True)
         """
-        if self._offset == 0 and self._strides == _row_major_strides(self._extent.sizes):
-            return self
-        return Shape.row_major(self._extent.labels, self._extent.sizes)
+        dense = self._dense
+        if dense is None:
+            # a shape never changes: found once (every call() asks); True: this one (no cycle)
+            if self._offset == 0 and self._strides == _row_major_strides(self._extent.sizes):
+                dense = True
+            else:
+                dense = Shape.row_major(self._extent.labels, self._extent.sizes)
+            self._dense = dense
+        return dense if isinstance(dense, Shape) else self
 
     @classmethod
     def unity(cls) -> Shape:

@@ -94,7 +94,7 @@ def _post(rt: Runtime, addr: Addr, frame: Frame, buffers: list[Any], waiting: Re
         report = dead[addr]
     else:
         try:
-            if rt.multicast.sent:
+            if rt.multicast.enrolled:
                 frame = rt.multicast.wrap(addr, frame)
             rt.router.send(addr, frame, buffers)
             return None
@@ -293,7 +293,8 @@ class MeshRef:
             # down a tree (see multicast): at most MPIMESH_CAST_FANOUT messages leave here
             shape = self.shape
             failed = rt.multicast.cast(key, method, payload, sizes, buffers, port, chosen, addrs, shape.labels,
-                                       shape.sizes, waiting, 0 if waiting is None else waiting.gather)
+                                       shape.sizes, waiting, 0 if waiting is None else waiting.gather,
+                                       whole=ranks is None)
             for addr, why in failed:
                 if waiting is None:
                     if skip_dead:

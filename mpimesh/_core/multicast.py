@@ -43,20 +43,21 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .._transport.buffers import copy_buffer, recv_buffer
 from ..config import settings
 from . import protocol
+from .entries import Entries, Entry, Table, pack
 from .folds import Fold
 from .logs import warn
 from .protocol import Frame, Key, PortRef
 from .relays import KEEP, Relay, lost
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .ports import Receiver
     from .runtime import Runtime
 
 __all__ = ["Entry", "Multicast", "split", "plan"]
 
 Addr = tuple[int, int]
-#: One destination of a cast: its rank in the view, its address, its sequence number from the caller.
-Entry = tuple[int, Addr, int]
 
 #: Seconds a broadcast's cast stays logged for a resend: more than it takes to
 #: declare a forwarder dead that hung or died holding it (heartbeats).
@@ -150,8 +151,11 @@ class Multicast:
         # not hand on one sender's frames side by side
         self._deliver = threading.RLock()
         self._ids = itertools.count(1)
-        #: destination -> the last sequence number sent there (enrolled destinations only)
-        self.sent: dict[Addr, int] = {}
+        #: destination -> its place in ``_last``, the last sequence number sent there (0: none yet)
+        self._slots: dict[Addr, int] = {}
+        self._last: np.ndarray[Any, Any] | None = None
+        #: whether any destination has had a cast down a tree from here (then direct frames are numbered)
+        self.enrolled = False
         self._log: deque[_Logged] = deque()
         # the log's length at which it is pruned next (amortized: a pass per doubling)
         self._next_prune = 64
@@ -167,17 +171,21 @@ class Multicast:
         self._incoming: dict[tuple[Addr, int], _Incoming] = {}
         self._next_incoming_prune = 64
         self._folds: dict[bytes, Fold] = {}
-        #: (id of a view's address list, fan-out, dead count) -> (that list, its subtrees as positions)
-        self._shapes: dict[tuple[int, int, int], tuple[Sequence[Addr], list[slice | list[int]]]] = {}
+        #: (id of a view's address list, fan-out, dead count) -> (that list, its entries' table)
+        self._tables: dict[tuple[int, int, int], tuple[Sequence[Addr], Table]] = {}
 
     # --- caller -------------------------------------------------------------------------------------
 
     def cast(
         self, key: Key, method: str, payload: Any, sizes: tuple[int, ...] | None, buffers: list[Any],
         port: PortRef | None, ranks: Sequence[int], addrs: Sequence[Addr], labels: tuple[str, ...],
-        extent: tuple[int, ...], waiting: Receiver | None, gather: int | bytes,
+        extent: tuple[int, ...], waiting: Receiver | None, gather: int | bytes, whole: bool = False,
     ) -> list[tuple[Addr, str]]:
         """Send one call to the actors at ``addrs`` (ranks ``ranks`` of the view) down a tree.
+
+        ``whole``: ``addrs`` is the view's own list of addresses, kept by its
+        ``MeshRef`` for every call to the whole view, and ``ranks`` is
+        ``range(len(addrs))``: the entries' layout is reused (``_table``).
 
         ``gather``: ``GATHER``: the replies come up the tree
         (``_core.relays``), at most one message per child of this process;
@@ -191,58 +199,80 @@ class Multicast:
         """
         rt = self.rt
         dead = rt.dead
+        nbytes = sum(memoryview(b).nbytes for b in buffers) if buffers else 0
+        # A large argument goes down a binary tree in pieces: each process
+        # forwards a piece while the next arrives (pipelined chains).
+        streamed = nbytes >= STREAM_MIN
+        fanout = 2 if streamed else settings.cast_fanout
+        me = rt.addr
+        frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, gather, None, b"")
         with self._lock:
-            sent = self.sent
-            get = sent.get
-            numbers = [get(addr, 0) + 1 for addr in addrs]
-            sent.update(zip(addrs, numbers, strict=True))
-            entries = list(zip(ranks, addrs, numbers, strict=True))
-            me = rt.addr
-            nbytes = sum(memoryview(b).nbytes for b in buffers) if buffers else 0
-            # A large argument goes down a binary tree in pieces: each process
-            # forwards a piece while the next arrives (pipelined chains).
-            streamed = nbytes >= STREAM_MIN
-            fanout = 2 if streamed else settings.cast_fanout
-            frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, gather, None, ())
-            subtrees: list[Sequence[Entry]] = [
-                entries[part] if isinstance(part, slice) else [entries[i] for i in part]
-                for part in self._shape(addrs, fanout, dead)
-            ]
+            table = self._table(ranks, addrs, whole, 2 if streamed else settings.cast_root_fanout, dead)
+            assert self._last is not None
+            subtrees: list[Sequence[Entry]] = table.number(self._last)  # type: ignore[assignment]
+            self.enrolled = True
             self._log.append(_Logged(frame, buffers, nbytes, addrs, subtrees, waiting, time.monotonic()))
             self._casts_sent += 1
             if len(self._log) >= self._next_prune:
                 self._prune()
-            cid = next(self._ids)
-        failed = [(e[1], dead[e[1]]) for e in entries if e[1] in dead] if dead else []
-        if streamed:
-            frame = (*frame[:_STREAM], (cid, tuple(memoryview(b).nbytes for b in buffers)), ())
-            frame = (frame[0], None, *frame[2:])
+        failed = [(addr, dead[addr]) for addr in addrs if addr in dead] if dead else []
+        if not streamed:
+            for subtree in subtrees:
+                around = self._send(frame, subtree, buffers)
+                if around:
+                    failed.extend(around)
+            return failed
+        cid = next(self._ids)
+        frame = (*frame[:_STREAM], (cid, tuple(memoryview(b).nbytes for b in buffers)), b"")
+        frame = (frame[0], None, *frame[2:])
         children: list[Addr] = []
         for subtree in subtrees:
-            failed.extend(self._send(frame, subtree, [] if streamed else buffers, children))
-        if streamed:
-            self._stream(me, cid, buffers, children)
+            failed.extend(self._send(frame, subtree, [], children))
+        self._stream(me, cid, buffers, children)
         return failed
 
-    def _shape(self, addrs: Sequence[Addr], fanout: int, dead: dict[Addr, str]) -> list[slice | list[int]]:
-        """The subtrees of a cast to ``addrs`` as positions in it: slices, or lists where islands interleave.
+    def _table(self, ranks: Sequence[int], addrs: Sequence[Addr], whole: bool, fanout: int,
+               dead: dict[Addr, str]) -> Table:
+        """Under the lock: the entries' layout of a cast to ``addrs``, and its subtrees (``plan``) as positions.
 
         A view's tree changes only with the fan-out and the dead, so casts to
-        one view (its list of addresses, kept by its ``MeshRef``) reuse it.
+        the whole of one view (its list of addresses, kept by its
+        ``MeshRef``) reuse it: a call then numbers its destinations with a few
+        array operations (``Table.number``).
         """
         key = (id(addrs), fanout, len(dead))
-        cached = self._shapes.get(key)
-        if cached is not None and cached[0] is addrs:
-            return cached[1]
+        if whole:
+            cached = self._tables.get(key)
+            if cached is not None and cached[0] is addrs:
+                return cached[1]
         places = [(i, addr, 0) for i, addr in enumerate(addrs) if addr not in dead]
         parts: list[slice | list[int]] = []
         for part in plan(places, fanout):
             idx = [e[0] for e in part]
             parts.append(slice(idx[0], idx[-1] + 1) if idx[-1] - idx[0] + 1 == len(idx) else idx)
-        if len(self._shapes) >= 64:
-            self._shapes.clear()
-        self._shapes[key] = (addrs, parts)
-        return parts
+        table = Table(ranks, addrs, [self._slot(addr) for addr in addrs], parts)
+        if whole:
+            if len(self._tables) >= 64:
+                self._tables.clear()
+            self._tables[key] = (addrs, table)
+        return table
+
+    def _slot(self, addr: Addr) -> int:
+        # Under the lock: addr's place in the array of last sequence numbers.
+        slot = self._slots.get(addr)
+        if slot is not None:
+            return slot
+        import numpy as np
+
+        slot = self._slots[addr] = len(self._slots)
+        last = self._last
+        if last is None:
+            self._last = np.zeros(64, dtype=np.int64)
+        elif slot >= len(last):
+            grown = np.zeros(2 * len(last), dtype=np.int64)
+            grown[:len(last)] = last
+            self._last = grown
+        return slot
 
     def _stream(self, sender: Addr, cid: int, buffers: list[Any], children: list[Addr]) -> None:
         """Send cast ``cid``'s raw buffers to ``children`` in PART frames of at most ``PIECE`` bytes."""
@@ -261,11 +291,15 @@ class Multicast:
     def wrap(self, addr: Addr, frame: Frame) -> Frame:
         """``frame`` as it must travel to ``addr``: in a ``SEQ`` envelope once ``addr`` is enrolled."""
         with self._lock:
-            number = self.sent.get(addr)
-            if number is None:
+            slot = self._slots.get(addr)
+            if slot is None:
                 return frame
-            self.sent[addr] = number + 1
-        return protocol.seq(frame[1], self.rt.addr, number + 1, frame)
+            assert self._last is not None
+            number = int(self._last[slot]) + 1
+            if number == 1:
+                return frame  # no cast down a tree has reached addr yet
+            self._last[slot] = number
+        return protocol.seq(frame[1], self.rt.addr, number, frame)
 
     def dead(self, addr: Addr) -> None:
         """``addr`` has died: resend the logged casts it was to forward; forget what it sent here."""
@@ -314,12 +348,15 @@ class Multicast:
         horizon = time.monotonic() - _RETAIN
         kept: deque[_Logged] = deque()
         answered: set[Addr] = set()
+        # the address lists already in `answered`: calls to one view share one list
+        counted: set[int] = set()
         total = 0
         for cast in reversed(log):
             if cast.waiting is not None:
-                if cast.waiting.pending:
+                if cast.waiting.owes():
                     kept.appendleft(cast)
-                else:
+                elif id(cast.addrs) not in counted:
+                    counted.add(id(cast.addrs))
                     answered.update(cast.addrs)
                 continue
             if cast.sent < horizon or answered.issuperset(cast.addrs):
@@ -341,11 +378,11 @@ class Multicast:
         Each process the frame reached is appended to ``sent``.
         """
         dead = self.rt.dead
-        child = subtree[0][1]
+        child = subtree.head if type(subtree) is Entries else subtree[0][1]
         report = dead.get(child) if dead else None
         if report is None:
             try:
-                self.rt.router.send(child, (*frame[:-1], tuple(subtree)), buffers)
+                self.rt.router.send(child, (*frame[:-1], pack(subtree)), buffers)
                 if sent is not None:
                     sent.append(child)
                 return []
@@ -360,7 +397,8 @@ class Multicast:
 
     def on_cast(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """CAST: forward the subtree's parts, then deliver this process's call in its sender's order."""
-        _, sizes, sender, key, method, payload, port, labels, extent, fanout, gather, stream, entries = frame
+        _, sizes, sender, key, method, payload, port, labels, extent, fanout, gather, stream, wire = frame
+        entries = Entries(wire)
         rank, _, number = entries[0]
         rest = entries[1:]
         parts = split(rest, fanout) if rest else []

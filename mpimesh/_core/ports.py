@@ -57,10 +57,18 @@ def decode(status: int, body: Any, buffers: list[Any], what: str) -> Any:
 
 
 def unpack(body: list[Any], buffers: list[Any]) -> list[tuple[Any, list[Any]]]:
-    """A ``Status.MANY`` reply's items ``(index, status, body, buffer count, address)``, each with its buffers."""
-    out = []
+    """A ``Status.MANY`` reply's items ``(index, status, body, buffer count, address)``, each with its buffers.
+
+    A run of plain values ``(first index, [values])`` (``relays.compact``)
+    becomes an item per value, with no address.
+    """
+    out: list[tuple[Any, list[Any]]] = []
     at = 0
     for item in body:
+        if len(item) == 2:
+            first, values = item
+            out.extend(((first + i, _VALUE, value, 0, None), []) for i, value in enumerate(values))
+            continue
         n = item[3]
         out.append((item, buffers[at:at + n]))
         at += n
@@ -79,6 +87,10 @@ class Receiver:
     gather: int | bytes = 0
     #: the called actors' class (``module.Class``) when known, for error texts (Monarch's ``The actor Class mesh``)
     actor: str = ""
+
+    def owes(self) -> bool:
+        """Whether some process still owes a reply."""
+        return bool(self.pending)
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         """Take one reply; return True when the port can close."""
@@ -173,53 +185,79 @@ class Gather(Receiver):
         self.errors: dict[int, BaseException] = {}
         self.count = 0
         self.values = values
-        self.pending: set[Addr] = set(sources)
-        self._sources = list(sources)
-        self.arrived: set[int] = set()
+        # point i's process; not copied: callers hand over lists they no longer change
+        self._sources = sources if type(sources) is list else list(sources)
+        #: per point: 1 once it has answered or failed
+        self.seen = bytearray(self.n)
+
+    @property
+    def pending(self) -> set[Addr]:  # type: ignore[override]
+        """The processes of the points that have neither answered nor failed (made on demand: deaths, pruning)."""
+        seen = self.seen
+        return {source for index, source in enumerate(self._sources) if not seen[index]}
+
+    def owes(self) -> bool:
+        return self.count < self.n
 
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
-        self.pending.discard(src)
-        if index in self.arrived or index in self.errors:
+        if self.seen[index]:
             return False  # twice: once up a cast's tree, once from a resend (``relays``)
-        self.arrived.add(index)
-        try:
-            self.results[index] = decode(status, body, buffers, self.what)
-        except BaseException as exc:
-            self.errors[index] = exc
-        self.count += 1
+        self.seen[index] = 1
+        self._take(index, status, body, buffers)
         if self.count >= self.n:
             self._finish()
             return True
         return False
 
     def deliver_many(self, src: Addr, body: list[Any], buffers: list[Any]) -> bool:
-        """A relay's message: the replies of a subtree, taken in one pass (``relays``)."""
-        pending, arrived, errors, results = self.pending, self.arrived, self.errors, self.results
+        """A relay's message: the replies of a subtree, taken in one pass (``relays``).
+
+        A run of plain values of consecutive points (``relays.compact``) is
+        taken whole: a slice of the results, a slice of the sources.
+        """
+        seen, results = self.seen, self.results
         at = 0
-        for index, status, one, n, source in body:
-            pending.discard(source)
-            parts = buffers[at:at + n] if n else []
-            at += n
-            if index in arrived or index in errors:
-                continue  # twice: once up a cast's tree, once from a resend
-            arrived.add(index)
-            if status == _VALUE:
-                results[index] = one
+        for item in body:
+            if len(item) == 2:
+                first, values = item
+                end = first + len(values)
+                if seen.find(1, first, end) < 0 and end <= self.n:
+                    seen[first:end] = b"\x01" * len(values)
+                    results[first:end] = values
+                    self.count += len(values)
+                    continue
+                # some of them came already (a resend): one at a time
+                items = [(first + i, _VALUE, value, 0, None) for i, value in enumerate(values)]
             else:
-                try:
-                    results[index] = decode(status, one, parts, self.what)
-                except BaseException as exc:
-                    errors[index] = exc
-            self.count += 1
+                items = [item]
+            for index, status, one, n, _ in items:
+                parts = buffers[at:at + n] if n else []
+                at += n
+                if seen[index]:
+                    continue  # twice: once up a cast's tree, once from a resend
+                seen[index] = 1
+                self._take(index, status, one, parts)
         if self.count >= self.n:
             self._finish()
             return True
         return False
 
+    def _take(self, index: int, status: int, one: Any, parts: list[Any]) -> None:
+        # Point `index`'s reply, not seen before.
+        if status == _VALUE:
+            self.results[index] = one
+        else:
+            try:
+                self.results[index] = decode(status, one, parts, self.what)
+            except BaseException as exc:
+                self.errors[index] = exc
+        self.count += 1
+
     def fail(self, addr: Addr, report: str) -> bool:
-        self.pending.discard(addr)
+        seen = self.seen
         for index, source in enumerate(self._sources):
-            if source == addr and index not in self.errors:
+            if source == addr and not seen[index]:
+                seen[index] = 1
                 self.errors[index] = self.error(report, point_text(self.shape, index))
                 self.count += 1
         if self.count >= self.n:
@@ -238,7 +276,8 @@ class Gather(Receiver):
             return
         from ..value_mesh import ValueMesh
 
-        self.future.set_result(ValueMesh(self.shape, self.results))
+        # the results are this receiver's own, in the order of its (dense) shape: no copy
+        self.future.set_result(ValueMesh._view(self.shape.dense(), self.results))
 
 
 class Stream(Receiver):

@@ -277,8 +277,8 @@ _declare(_CAST, "CAST", "sender key method args reply_port labels extent fanout 
 
 def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, args: Any, reply_port: PortRef | None,
          labels: tuple[str, ...], extent: tuple[int, ...], fanout: int, gather: int | bytes,
-         stream: tuple[int, tuple[int, ...]] | None, entries: tuple[Any, ...]) -> Frame:
-    """Any -> actors down a tree: one CALL for each of ``entries``, ``(rank, address, sequence)``.
+         stream: tuple[int, tuple[int, ...]] | None, entries: bytes) -> Frame:
+    """Any -> actors down a tree: one CALL for each of ``entries``, ``(rank, address, sequence)``, packed.
 
     The first entry is the receiver's own; it forwards the others, split in
     at most ``fanout`` parts (see ``_core.multicast``).  ``labels`` and
@@ -288,8 +288,8 @@ def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, 
     ``_core.relays``), straight there for a resend (2), or folded on the
     way up (a pickled ``_core.folds.Fold``).  ``stream``:
     ``None`` when the raw buffers ride with this frame, else ``(cast id,
-    buffer sizes)``: they follow in PART frames.  ``entries`` comes last: a
-    forwarder replaces it (and ``reply_port``, when gathering).
+    buffer sizes)``: they follow in PART frames.  ``entries`` (packed by
+    ``_core.entries``) comes last: a forwarder replaces it (and ``reply_port``, when gathering).
     """
     return (_CAST, bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, gather, stream, entries)
 

@@ -16,6 +16,13 @@ it (``_core.multicast``); a process that has run the call already answers
 the resend from its relay, which keeps its own reply for :data:`KEEP`
 seconds (:meth:`Relay.redirect`), and reports the reply lost after that.
 
+Runs.  Replies of plain data (``Status.VALUE``, no raw buffers) whose ranks
+follow one another travel as one *run* ``(first rank, [values])`` instead of
+an item each: a subtree covers consecutive ranks of the view, so a relay
+joins its own reply and its children's runs into one, and the caller takes
+a whole subtree's values with one slice assignment (``ports.Gather``).  The
+caller's work per call then hardly grows with the number of actors.
+
 A relay of a fold (``_core.folds``) sends one partial value instead of the
 replies: its subtree's replies combined as they arrive.
 """
@@ -24,17 +31,22 @@ from __future__ import annotations
 
 import threading
 import time
+from operator import itemgetter
 from typing import Any, Protocol
 
 from .folds import Fold, Partial
 from .ports import PortTable, Receiver, unpack
 from .protocol import Frame, Kind, PortRef, Status
 
-__all__ = ["KEEP", "MANY", "Relay", "lost"]
+__all__ = ["KEEP", "MANY", "Relay", "compact", "lost"]
 
 Addr = tuple[int, int]
-#: One reply as a relay passes it on: ``(index, status, body, buffer count, address)``.
-Item = tuple[int, int, Any, int, Addr]
+#: One reply as a relay passes it on: ``(index, status, body, buffer count, address)``,
+#: or a run of plain values of consecutive ranks, ``(first rank, [values])``.
+Item = tuple[int, int, Any, int, Addr] | tuple[int, list[Any]]
+
+_VALUE = Status.VALUE
+_first = itemgetter(0)
 
 _REPLY = Kind.REPLY
 
@@ -156,7 +168,7 @@ class Relay(Receiver):
                 item, parts = self.partial.item(self.rt.addr)
                 self.items, self.buffers = [item], parts
                 self.partial = None
-            items, buffers = self.items, self.buffers
+            items, buffers = compact(self.items), self.buffers
             self.items, self.buffers = [], []
         frame: Frame = (_REPLY, tuple(memoryview(b).nbytes for b in buffers) or None, self.parent[1], -1, MANY, items)
         self._send(self.parent[0], frame, buffers)
@@ -180,6 +192,38 @@ class Relay(Receiver):
             self.rt.router.send(dest, frame, buffers)
         except ConnectionError:
             pass  # the parent died: the caller resends to this subtree
+
+
+def compact(items: list[Item]) -> list[Item]:
+    """``items`` with every plain value (``Status.VALUE``) joined into runs of consecutive ranks.
+
+    The other items keep their order, and so their raw buffers' (only they
+    have any), and come first.  A run stays a run; runs that meet are joined
+    (the first run's list grows: the lists are this relay's own).
+    """
+    runs: list[tuple[int, list[Any]]] = []
+    others: list[Item] = []
+    for item in items:
+        if len(item) == 2:
+            runs.append(item)
+        elif item[1] == _VALUE:
+            runs.append((item[0], [item[2]]))
+        else:
+            others.append(item)
+    if len(runs) < 2:
+        return others + runs
+    runs.sort(key=_first)
+    start, values = runs[0]
+    end = start + len(values)
+    joined: list[Item] = [(start, values)]
+    for first, more in runs[1:]:
+        if first == end:
+            values.extend(more)
+        else:
+            values = list(more)
+            joined.append((first, values))
+        end = first + len(more)
+    return others + joined
 
 
 def lost(rt: Runtime, port: PortRef, index: int, what: str) -> None:
