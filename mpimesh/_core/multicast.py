@@ -117,6 +117,9 @@ class _Logged(NamedTuple):
     sent: float
 
 
+_new_logged = tuple.__new__
+
+
 class _Incoming:
     """A cast whose raw buffers arrive in PART frames, on its way to this process's actor."""
 
@@ -211,7 +214,9 @@ class Multicast:
             assert self._last is not None
             subtrees: list[Sequence[Entry]] = table.number(self._last)  # type: ignore[assignment]
             self.enrolled = True
-            self._log.append(_Logged(frame, buffers, nbytes, addrs, subtrees, waiting, time.monotonic()))
+            # tuple.__new__: the NamedTuple's own __new__ is a Python call, on every cast
+            self._log.append(_new_logged(_Logged, (frame, buffers, nbytes, addrs, subtrees, waiting,
+                                                   time.monotonic())))
             self._casts_sent += 1
             if len(self._log) >= self._next_prune:
                 self._prune()

@@ -213,9 +213,21 @@ class Gather(Receiver):
         """A relay's message: the replies of a subtree, taken in one pass (``relays``).
 
         A run of plain values of consecutive points (``relays.compact``) is
-        taken whole: a slice of the results, a slice of the sources.
+        taken whole: one slice of the results, one of the points seen.
         """
         seen, results = self.seen, self.results
+        if len(body) == 1 and len(body[0]) == 2:
+            # the common message: one run (a whole subtree of plain values)
+            first, values = body[0]
+            end = first + len(values)
+            if end <= self.n and seen.find(1, first, end) < 0:
+                seen[first:end] = b"\x01" * len(values)
+                results[first:end] = values
+                self.count += len(values)
+                if self.count >= self.n:
+                    self._finish()
+                    return True
+                return False
         at = 0
         for item in body:
             if len(item) == 2:
