@@ -261,17 +261,24 @@ class Peers:
         the peer's own, or crash (Open MPI's ``ompi_dpm_dyn_finalize``).
         """
         comms = []
-        for peer in self._router.peers():
+        peers = self._router.peers()
+        for peer in peers:
             try:
                 self._router.send(peer, link("drop", self.addr, None))
                 self._router.flush()  # before the link is dropped with what it holds
             except ConnectionError:
                 pass
+        # The drops must be out before the disconnects start: a peer disconnects on its drop, and a drop
+        # that is the first frame on its TCP link waits for this process's MPI calls, which the
+        # disconnect does not make.  Without this the disconnect waited out DISCONNECT_BOUND and the
+        # process went on to MPI_Finalize beside it: heap corruption (docs/design/transport.md).
+        end = time.monotonic() + DISCONNECT_BOUND
+        self._router.drain(DISCONNECT_BOUND / 2)
+        for peer in peers:
             comm = self._router.drop_peer(peer)
             if comm is not None and peer not in self._gone:
                 comms.append(comm)
         threads = [self._disconnect(comm) for comm in comms]
-        end = time.monotonic() + DISCONNECT_BOUND
         for thread in threads:
             thread.join(max(0.0, end - time.monotonic()))
 

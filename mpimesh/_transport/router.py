@@ -604,6 +604,24 @@ class Router:
         # Sends not yet complete (read without the send lock: a hint, except under it).
         return len(self._sends)
 
+    def drain(self, bound: float) -> bool:
+        """Wait until every send posted so far has completed, at most ``bound`` seconds; whether they have.
+
+        A send completes only inside MPI calls of this process, and the first
+        frame on a new TCP link (a direct link to another island) needs
+        several: one posted just before a blocking call that does not drive
+        it (``MPI_Comm_disconnect``) would wait for that call to return.
+        """
+        end = _monotonic() + bound
+        while True:
+            with self._send_lock:
+                self._reap()
+                if not self._in_flight():
+                    return True
+            if _monotonic() >= end:
+                return False
+            time.sleep(1e-4)
+
     def _reap(self) -> None:
         # Drop the completed sends at the front (send lock held).
         sends = self._sends
