@@ -290,7 +290,7 @@ class MeshRef:
         near = settings.cast_near_direct
         if len(addrs) >= settings.cast_tree_min and not (near and sizes and sum(sizes) >= near
                                                           and self._near(rt, addrs, ranks is None)):
-            # down a tree (see multicast): at most MPIMESH_CAST_FANOUT messages leave here
+            # down a tree (see multicast): at most MPIMESH_CAST_ROOT_FANOUT messages leave here
             shape = self.shape
             failed = rt.multicast.cast(key, method, payload, sizes, buffers, port, chosen, addrs, shape.labels,
                                        shape.sizes, waiting, 0 if waiting is None else waiting.gather,

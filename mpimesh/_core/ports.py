@@ -215,30 +215,14 @@ class Gather(Receiver):
         A run of plain values of consecutive points (``relays.compact``) is
         taken whole: one slice of the results, one of the points seen.
         """
-        seen, results = self.seen, self.results
-        if len(body) == 1 and len(body[0]) == 2:
-            # the common message: one run (a whole subtree of plain values)
-            first, values = body[0]
-            end = first + len(values)
-            if end <= self.n and seen.find(1, first, end) < 0:
-                seen[first:end] = b"\x01" * len(values)
-                results[first:end] = values
-                self.count += len(values)
-                if self.count >= self.n:
-                    self._finish()
-                    return True
-                return False
+        seen = self.seen
         at = 0
         for item in body:
             if len(item) == 2:
-                first, values = item
-                end = first + len(values)
-                if seen.find(1, first, end) < 0 and end <= self.n:
-                    seen[first:end] = b"\x01" * len(values)
-                    results[first:end] = values
-                    self.count += len(values)
+                if self._take_run(*item):
                     continue
                 # some of them came already (a resend): one at a time
+                first, values = item
                 items = [(first + i, _VALUE, value, 0, None) for i, value in enumerate(values)]
             else:
                 items = [item]
@@ -253,6 +237,16 @@ class Gather(Receiver):
             self._finish()
             return True
         return False
+
+    def _take_run(self, first: int, values: list[Any]) -> bool:
+        # Points first.. answered with plain values: taken whole unless one of them was seen already.
+        end = first + len(values)
+        if end > self.n or self.seen.find(1, first, end) >= 0:
+            return False
+        self.seen[first:end] = b"\x01" * len(values)
+        self.results[first:end] = values
+        self.count += len(values)
+        return True
 
     def _take(self, index: int, status: int, one: Any, parts: list[Any]) -> None:
         # Point `index`'s reply, not seen before.
