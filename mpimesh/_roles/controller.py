@@ -28,7 +28,7 @@ from .._core.named import Registry as NamedActors
 from .._core.ports import Gather
 from .._core.protocol import Frame, Kind, Status
 from .._core.runtime import Runtime
-from .._transport.mpi import MPI, fault_tolerant, library
+from .._transport.mpi import MPI, dynamic, fault_tolerant, library
 from ..config import settings
 from ..future import Future
 from ..shape import Shape
@@ -214,10 +214,17 @@ class Controller(BaseRole):
             infos.append(info)
         args = ["-m", "mpimesh", "--worker", "--island", str(island)]
         try:
-            with rt.router.exclusive():
-                inter = MPI.COMM_SELF.Spawn_multiple(
-                    [sys.executable] * len(counts), [args] * len(counts), [c for _, c in counts], infos
-                )
+            if not dynamic.acquire(timeout=settings.spawn_timeout):
+                why = (f"a direct link's MPI_Comm_connect in this process has not returned within "
+                       f"{settings.spawn_timeout:g} s (MPIMESH_SPAWN_TIMEOUT), and Open MPI cannot spawn beside it")
+                raise RuntimeError(self._spawn_failed(counts, why))
+            try:
+                with rt.router.exclusive():
+                    inter = MPI.COMM_SELF.Spawn_multiple(
+                        [sys.executable] * len(counts), [args] * len(counts), [c for _, c in counts], infos
+                    )
+            finally:
+                dynamic.release()
         except MPI.Exception as exc:
             why = f"MPI_Comm_spawn failed ({exc.Get_error_string()})"
             raise RuntimeError(self._spawn_failed(counts, why)) from None
@@ -385,8 +392,15 @@ class Controller(BaseRole):
         comm = rt.router.remove_island(island)
         whole = clean and not any(self.procs[a].dead for a in members)
         if comm is not None and whole:
-            with rt.router.exclusive():
-                comm.Disconnect()
+            if not dynamic.acquire(timeout=settings.shutdown_timeout):
+                warn(f"island {island} left connected: a direct link's MPI_Comm_connect in this process has not "
+                     f"returned within {settings.shutdown_timeout:g} s (MPIMESH_SHUTDOWN_TIMEOUT)")
+                return
+            try:
+                with rt.router.exclusive():
+                    comm.Disconnect()
+            finally:
+                dynamic.release()
         elif not clean:
             for addr in members:
                 if not self.procs[addr].bye and not self.procs[addr].dead:
@@ -449,6 +463,7 @@ class Controller(BaseRole):
     def on_bye(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """BYE: a worker is leaving."""
         self.procs[src].bye = True
+        self.rt.peers.gone(src)  # a link it was to make: the acceptor's wait is ended
         if self.liveness is not None:
             self.liveness.forget(src)
         with self.cond:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 
 import mpi4py
 
@@ -70,7 +71,16 @@ mpi4py.rc.errors = "exception"
 
 from mpi4py import MPI  # noqa: E402
 
-__all__ = ["MPI", "hostname", "library", "loaded_libmpi", "world", "parent"]
+__all__ = ["MPI", "dynamic", "hostname", "library", "loaded_libmpi", "world", "parent"]
+
+#: Held around this process's calls to MPI's dynamic process management that
+#: return at once or soon (``MPI_Comm_spawn``, a ``MPI_Comm_connect`` to a
+#: port whose owner waits in accept, ``MPI_Comm_disconnect``): Open MPI 5
+#: crashes when two threads make them at once (SIGSEGV in
+#: ``opal_pointer_array_add``, under ``ompi_group_allocate``, in the
+#: controller's connect beside a spawn; docs/design/transport.md).  An
+#: ``MPI_Comm_accept``, which can wait for ever, is made without it.
+dynamic = threading.Lock()
 
 
 def hostname() -> str:

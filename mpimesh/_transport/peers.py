@@ -40,7 +40,7 @@ from typing import Any
 
 from ..config import settings
 from .frames import CONTROLLER, Addr, Frame, link
-from .mpi import MPI, library
+from .mpi import MPI, dynamic, library
 from .router import Router
 
 __all__ = ["DISCONNECT_BOUND", "LinkStatistics", "Peers", "enabled"]
@@ -72,7 +72,7 @@ class LinkStatistics:
 class _Attempt:
     """The controller's record of one link being made."""
 
-    __slots__ = ("acceptor", "connector", "port", "up")
+    __slots__ = ("acceptor", "connector", "port", "up", "woken")
 
     def __init__(self, acceptor: Addr, connector: Addr) -> None:
         self.acceptor = acceptor
@@ -80,6 +80,8 @@ class _Attempt:
         self.port: str | None = None
         #: the ends that said ``up``
         self.up: set[Addr] = set()
+        #: the controller connected to the port to end the accept (once: a second connect would wait for ever)
+        self.woken = False
 
 
 class Peers:
@@ -102,6 +104,11 @@ class Peers:
         self._links = 0
         self._failed = 0
         self._pending = 0
+        # workers: peer -> its accept and connect calls still waiting
+        self._under_way: dict[Addr, int] = {}
+        # leaving: no new link is started; left: the drops went out, a link that comes up now is dropped at once
+        self._leaving = self._left = False
+        self._settled = threading.Condition(self._lock)
 
     # --- the controller: brokering -----------------------------------------------------------
 
@@ -121,11 +128,15 @@ class Peers:
     def _wake(self, attempt: _Attempt) -> None:
         # End the acceptor's pending Accept by connecting to its port (thread of its own).
         port = attempt.port
-        if port is None or attempt.acceptor in self._gone or attempt.acceptor in attempt.up:
-            return
+        with self._lock:
+            if (port is None or attempt.woken or attempt.acceptor in self._gone
+                    or attempt.up & {attempt.acceptor, attempt.connector}):
+                return  # no accept waits, or it ends otherwise
+            attempt.woken = True
         def wake() -> None:
             try:
-                MPI.COMM_SELF.Connect(port).Disconnect()
+                with dynamic:  # not beside a spawn (see _transport.mpi)
+                    MPI.COMM_SELF.Connect(port).Disconnect()
             except MPI.Exception:
                 pass  # the acceptor died meanwhile: nothing waits
 
@@ -177,24 +188,34 @@ class Peers:
             return  # no relay left (this process is leaving)
         with self._lock:
             self._links += 1
+            late = self._left
         self._send(CONTROLLER, link("up", peer, None))
+        if late:
+            # Up after leave() dropped the others (its wait for this call ran out): drop it too, or the
+            # peer's MPI_Finalize waits for this end.
+            self._drop([peer], time.monotonic() + DISCONNECT_BOUND)
 
     def _give_up(self, peer: Addr, why: str) -> None:
         with self._lock:
             self._failed += 1
         self._send(CONTROLLER, link("failed", peer, why))
 
-    def _start(self, target: Any, *args: Any) -> None:
+    def _start(self, target: Any, peer: Addr, *args: Any) -> None:
         # A thread per call: MPI_Comm_accept and MPI_Comm_connect block, with no timeout.
         def run() -> None:
             try:
-                target(*args)
+                target(peer, *args)
             finally:
                 with self._lock:
                     self._pending -= 1
+                    self._under_way[peer] -= 1
+                    if not self._under_way[peer]:
+                        del self._under_way[peer]
+                    self._settled.notify_all()
 
         with self._lock:
             self._pending += 1
+            self._under_way[peer] = self._under_way.get(peer, 0) + 1
         threading.Thread(target=run, name="mpimesh-link", daemon=True).start()
 
     # --- frames -------------------------------------------------------------------------------
@@ -202,7 +223,10 @@ class Peers:
     def on_link(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """LINK: a step of making a direct link (see the module's docstring)."""
         _, _, op, peer, port = frame
-        if op == "open":
+        if op in ("open", "connect") and self._leaving:
+            # Too late for a link: the pair stays on the relay; the controller ends the acceptor's wait.
+            self._give_up(peer, f"process {self.addr[0]}.{self.addr[1]} is leaving")
+        elif op == "open":
             self._start(self._accept, peer)
         elif op == "connect":
             self._start(self._connect, peer, port)
@@ -221,10 +245,9 @@ class Peers:
             return
         if op == "port":
             attempt.port = port
-            if attempt.connector in self._gone:
+            if attempt.connector in self._gone or not self._send(attempt.connector,
+                                                                  link("connect", attempt.acceptor, port)):
                 self._wake(attempt)
-            else:
-                self._send(attempt.connector, link("connect", attempt.acceptor, port))
         elif op == "up":
             attempt.up.add(src)
             if len(attempt.up) == 2:
@@ -245,9 +268,14 @@ class Peers:
 
     def dead(self, addr: Addr) -> None:
         """``addr`` has died: drop its link; the controller ends an Accept that waits for it."""
+        self.gone(addr)
+        self._router.drop_peer(addr)
+
+    def gone(self, addr: Addr) -> None:
+        """``addr`` died or left: no link to it now; the controller ends an accept that waits for it."""
         with self._lock:
             self._gone.add(addr)
-        self._router.drop_peer(addr)
+            self._settled.notify_all()
         for attempt in list(self._pairs.values()):
             if attempt.connector == addr:
                 self._wake(attempt)
@@ -260,8 +288,19 @@ class Peers:
         collective); a link left connected makes ``MPI_Finalize`` wait for
         the peer's own, or crash (Open MPI's ``ompi_dpm_dyn_finalize``).
         """
+        end = time.monotonic() + DISCONNECT_BOUND
+        with self._lock:
+            # Links under way finish first (a connect, or an accept the controller ends if the peer cannot
+            # come), so that each that comes up is dropped with the rest.  A call whose peer died can wait
+            # for ever: those are not waited for.
+            self._leaving = True
+            self._settled.wait_for(lambda: self._gone.issuperset(self._under_way), DISCONNECT_BOUND / 2)
+            self._left = True
+        self._drop(self._router.peers(), end)
+
+    def _drop(self, peers: list[Addr], end: float) -> None:
+        # Tell each of ``peers`` on its link, stop using the links, disconnect them (bounded by ``end``).
         comms = []
-        peers = self._router.peers()
         for peer in peers:
             try:
                 self._router.send(peer, link("drop", self.addr, None))
@@ -272,8 +311,7 @@ class Peers:
         # that is the first frame on its TCP link waits for this process's MPI calls, which the
         # disconnect does not make.  Without this the disconnect waited out DISCONNECT_BOUND and the
         # process went on to MPI_Finalize beside it: heap corruption (docs/design/transport.md).
-        end = time.monotonic() + DISCONNECT_BOUND
-        self._router.drain(DISCONNECT_BOUND / 2)
+        self._router.drain(max(0.0, min(DISCONNECT_BOUND / 2, end - time.monotonic())))
         for peer in peers:
             comm = self._router.drop_peer(peer)
             if comm is not None and peer not in self._gone:
@@ -298,8 +336,9 @@ class Peers:
         """Counters: frames relayed for others, links made, links that failed, calls still waiting."""
         return LinkStatistics(self._router.relayed, self._links, self._failed, self._pending)
 
-    def _send(self, dest: Addr, frame: Frame) -> None:
+    def _send(self, dest: Addr, frame: Frame) -> bool:
         try:
             self._router.send(dest, frame)
         except ConnectionError:
-            pass  # a dead end: its death notice settles the rest
+            return False  # a dead end: its death notice settles the rest
+        return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import torch
 from mpitest import ROOT, mpiexec_cmd, python_cmd, run
 
 from mpimesh import Actor, RDMAAction, RDMABuffer, endpoint, rma
+from mpimesh.config import settings
 
 N = 1 << 18  # floats: 1 MiB
 
@@ -64,6 +66,26 @@ class Owner(Actor):
             handle.write_from(torch.full((handle.size() // 4,), value).view(torch.uint8)).get(60)
         finally:
             rma._force = None
+
+    @endpoint
+    def reaches(self, owner: object, handle: RDMABuffer, bound: float = 20.0) -> bool:
+        """Whether this process gets a direct MPI link to ``handle``'s owner (a pull needs one).
+
+        Talking to the owner is what makes one: the controller relays the
+        first frames between two islands and brokers their link
+        (``MPIMESH_ISLAND_LINKS``), which comes up a few ms later.
+        """
+        from mpimesh._core import calls
+
+        here = calls.here()
+        deadline = time.monotonic() + bound
+        while True:
+            owner.first_last.call_one().get(30)  # type: ignore[attr-defined]
+            if here.pulls.reaches(handle._h.owner):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
 
     @endpoint
     def window(self) -> bool:
@@ -153,11 +175,16 @@ def test_worker_reads_and_writes_another_workers_buffer(procs: object, owners: o
     through the island's window (each path forced in turn)."""
     need_window(owners, force)
     addrs = procs._addrs  # type: ignore[attr-defined]
-    if force == "pull" and addrs[0][0] != addrs[1][0] and os.environ.get("MPIMESH_ISLAND_LINKS", "never") == "never":
-        pytest.skip("the two owners are in different islands (a pool rank and a spawned one) with no direct MPI "
-                    "link (MPIMESH_ISLAND_LINKS=never): a pull needs one")
     handle = fresh(owners, 0, 4.0)
     reader = owners.slice(gpus=1)  # type: ignore[attr-defined]
+    if force == "pull" and addrs[0][0] != addrs[1][0]:
+        links = settings.island_links
+        if links == "never":
+            pytest.skip("the two owners are in different islands (a pool rank and a spawned one) with no direct "
+                        "MPI link (MPIMESH_ISLAND_LINKS=never): a pull needs one")
+        # A link between islands is made once they talk (auto: under Open MPI only).
+        if not reader.reaches.call_one(owners.slice(gpus=0), handle).get(60) and links == "auto":  # type: ignore
+            pytest.skip("no direct link between the two islands under this MPI (MPIMESH_ISLAND_LINKS=auto)")
     total, backend = reader.read.call_one(handle, force).get(60)
     same_host = len(set(procs._hosts)) == 1  # type: ignore[attr-defined]
     # One host: a kernel copy (CMA); the owner on another host: MPI.

@@ -163,7 +163,7 @@ PORT = {"malformed": "no port", "unanswered": "0.0:9999"}[sys.argv[1]]
 def broken(dest, frame):
     if frame[0] == LINK and frame[2] == "connect":
         frame = (*frame[:4], PORT)
-    send(dest, frame)
+    return send(dest, frame)
 
 
 peers._send = broken
@@ -221,6 +221,71 @@ def test_a_link_that_cannot_be_made_leaves_the_pair_on_the_relay(fault: str, tmp
         assert row["controller"]["failed"] == 0, job.describe()
         assert (row["a"]["pending"], row["b"]["pending"]) == (1, 1), job.describe()
         assert rows["connector_killed"]["a"]["pending"] == 0, job.describe()
+    assert not job.hung and job.returncode == 0, job.describe()
+    assert job.after_end is not None and job.after_end < EXIT_BOUND, job.describe()
+    assert job.orphans == [], job.describe()
+
+
+STOPPING = r'''
+import json, sys, time
+from mpimesh import Actor, endpoint, this_host
+from mpimesh._core.current import current
+
+
+class T(Actor):
+    @endpoint
+    def echo(self, i):
+        return i
+
+    @endpoint
+    def tell(self, peer):
+        peer.echo.broadcast(0)  # relayed: the controller starts brokering a link, and nobody waits
+
+
+stops = []
+for delay in [0, 0, 0.001, 0.002, 0.003, 0.005] * 3:
+    meshes = [this_host().spawn_procs(per_host={"gpus": 1}) for _ in range(2)]
+    a, b = (m.spawn(name, T) for m, name in zip(meshes, "ab"))
+    a.echo.call_one(1).get(30)
+    b.echo.call_one(1).get(30)
+    a.tell.call_one(b).get(30)
+    time.sleep(delay)
+    start = time.monotonic()
+    for m in meshes:
+        m.stop().get(30)
+    stops.append(time.monotonic() - start)
+print("ROW " + json.dumps({"adverb": "stopped", "stops": stops, "links": current().peers.statistics().__dict__}),
+      flush=True)
+print("END", flush=True)
+'''
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_processes_stop_while_their_link_is_being_made(ranks: int, tmp_path: Path) -> None:
+    """Two islands that stop while the controller brokers their link stop cleanly, 18 times over.
+
+    One actor's one-way message to another island starts a link; both meshes
+    stop 0-5 ms later, while the accept and the connect are under way.  At
+    ``-n 2`` the first mesh is the launch pool's rank (it stays, to the job's
+    end), the second a spawned island.  Before: the controller's connect that
+    ends a stranded accept ran beside the next ``MPI_Comm_spawn`` and crashed
+    it (SIGSEGV in Open MPI's ``ompi_group_allocate``), or a pool rank held a
+    link whose other end had left and never stopped ("ranks [1] did not stop
+    within 10 s"); 7 runs of 7 failed one way or the other.
+    """
+    script = tmp_path / "job.py"
+    script.write_text(STOPPING)
+    cmd = python_cmd("-m", "mpimesh", str(script))
+    if ranks > 1:
+        cmd = mpitest.mpiexec_cmd(ranks, *cmd)
+    job = mpitest.run_job(cmd, timeout=120, env={**ENV, "MPIMESH_ISLAND_LINKS": "always"}, exit_bound=EXIT_BOUND)
+    rows = job.rows
+    assert "stopped" in rows, job.describe()
+    row = rows["stopped"]
+    assert len(row["stops"]) == 18 and max(row["stops"]) < 5.0, job.describe()
+    # every link was made, or given up (the pair stayed on the relay): none is left waiting
+    assert row["links"]["links"] + row["links"]["failed"] == 18 and row["links"]["pending"] == 0, job.describe()
+    assert "did not stop" not in job.stdout + job.stderr, job.describe()
     assert not job.hung and job.returncode == 0, job.describe()
     assert job.after_end is not None and job.after_end < EXIT_BOUND, job.describe()
     assert job.orphans == [], job.describe()
