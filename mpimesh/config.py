@@ -92,10 +92,10 @@ class Config:
             memory, in parallel, where a tree copies it once per level.
         island_links: Whether two processes of different islands that talk
             get a direct link instead of the controller's relay
-            (``MPIMESH_ISLAND_LINKS``): ``never`` (the default: a CI rehearsal
-            with ``auto`` aborted once on heap corruption in the controller,
-            not reproduced; docs/design/transport.md), ``auto`` (under Open
-            MPI) or ``always``.
+            (``MPIMESH_ISLAND_LINKS``): ``auto`` (the default: under Open MPI,
+            where a pending accept or connect holds up no other MPI call),
+            ``always`` or ``never`` (every pair on the relay);
+            docs/design/transport.md, "Direct links between islands".
     """
 
     spin_us: float = 2000.0
@@ -120,7 +120,7 @@ class Config:
     cast_root_fanout: int = 1
     cast_tree_min: int = 16
     cast_near_direct: int = 1 << 20
-    island_links: str = "never"
+    island_links: str = "auto"
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -176,7 +176,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         cast_root_fanout=int(_number(env, "MPIMESH_CAST_ROOT_FANOUT", Config.cast_root_fanout, minimum=1.0)),
         cast_tree_min=int(_number(env, "MPIMESH_CAST_TREE_MIN", Config.cast_tree_min, minimum=2.0)),
         cast_near_direct=int(_number(env, "MPIMESH_CAST_NEAR_DIRECT", Config.cast_near_direct)),
-        island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("never", "auto", "always")),
+        island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("auto", "always", "never")),
     )
 
 
