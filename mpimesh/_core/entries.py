@@ -117,7 +117,7 @@ class Table:
             lists where islands interleave).
     """
 
-    __slots__ = ("rows", "slots", "parts", "_numbers")
+    __slots__ = ("rows", "slots", "parts", "heads", "_numbers")
 
     def __init__(self, ranks: Sequence[int], addrs: Sequence[Addr], slots: Sequence[int],
                  parts: list[slice | list[int]]) -> None:
@@ -135,10 +135,17 @@ class Table:
         self.slots: slice | np.ndarray[Any, Any] = (
             slice(first, first + n) if contiguous else np.asarray(slots, dtype=np.intp))
         self.parts = parts
+        #: each subtree's first address: where its ``CAST`` goes
+        self.heads: list[Addr] = [
+            tuple(addrs[part.start if type(part) is slice else part[0]]) for part in parts]  # type: ignore[misc]
         self._numbers = rows[:, 3]
 
-    def number(self, last: np.ndarray[Any, Any]) -> list[Entries]:
-        """Give each destination its next sequence number (``last`` is updated); the subtrees' entries."""
+    def number(self, last: np.ndarray[Any, Any]) -> list[bytes]:
+        """Give each destination its next sequence number (``last`` is updated); the subtrees' packed entries.
+
+        Plain bytes, in the order of :attr:`parts` and :attr:`heads`: what
+        each ``CAST`` carries (:class:`Entries` reads them).
+        """
         slots = self.slots
         if type(slots) is slice:
             numbers = last[slots]
@@ -148,4 +155,4 @@ class Table:
             last[slots] = numbers
         self._numbers[...] = numbers
         rows = self.rows
-        return [Entries(rows[part].tobytes()) for part in self.parts]
+        return [rows[part].tobytes() for part in self.parts]

@@ -110,8 +110,8 @@ class _Logged(NamedTuple):
     nbytes: int
     #: its destinations
     addrs: Sequence[Addr]
-    #: the subtrees the caller sent (their first entries are its children)
-    subtrees: list[Sequence[Entry]]
+    #: the subtrees the caller sent, packed (``_core.entries``; their first entries are its children)
+    wires: list[bytes]
     #: the replies' receiver (a call), or None (a broadcast)
     waiting: Receiver | None
     sent: float
@@ -209,30 +209,39 @@ class Multicast:
         fanout = 2 if streamed else settings.cast_fanout
         me = rt.addr
         frame = protocol.cast(sizes, me, key, method, payload, port, labels, extent, fanout, gather, None, b"")
+        root = 2 if streamed else settings.cast_root_fanout
         with self._lock:
-            table = self._table(ranks, addrs, whole, 2 if streamed else settings.cast_root_fanout, dead)
+            cached = self._tables.get((id(addrs), root, len(dead))) if whole else None
+            table = cached[1] if cached is not None and cached[0] is addrs else self._table(
+                ranks, addrs, whole, root, dead)
             assert self._last is not None
-            subtrees: list[Sequence[Entry]] = table.number(self._last)  # type: ignore[assignment]
+            wires = table.number(self._last)
             self.enrolled = True
             # tuple.__new__: the NamedTuple's own __new__ is a Python call, on every cast
-            self._log.append(_new_logged(_Logged, (frame, buffers, nbytes, addrs, subtrees, waiting,
+            self._log.append(_new_logged(_Logged, (frame, buffers, nbytes, addrs, wires, waiting,
                                                    time.monotonic())))
             self._casts_sent += 1
             if len(self._log) >= self._next_prune:
                 self._prune()
         failed = [(addr, dead[addr]) for addr in addrs if addr in dead] if dead else []
         if not streamed:
-            for subtree in subtrees:
-                around = self._send(frame, subtree, buffers)
-                if around:
-                    failed.extend(around)
+            send = self.rt.router.send
+            head = frame[:-1]
+            for child, wire in zip(table.heads, wires, strict=True):
+                if not dead or child not in dead:
+                    try:
+                        send(child, (*head, wire), buffers)
+                        continue
+                    except ConnectionError:
+                        pass
+                failed.extend(self._send(frame, Entries(wire), buffers))  # around the child
             return failed
         cid = next(self._ids)
         frame = (*frame[:_STREAM], (cid, tuple(memoryview(b).nbytes for b in buffers)), b"")
         frame = (frame[0], None, *frame[2:])
         children: list[Addr] = []
-        for subtree in subtrees:
-            failed.extend(self._send(frame, subtree, [], children))
+        for wire in wires:
+            failed.extend(self._send(frame, Entries(wire), [], children))
         self._stream(me, cid, buffers, children)
         return failed
 
@@ -240,16 +249,13 @@ class Multicast:
                dead: dict[Addr, str]) -> Table:
         """Under the lock: the entries' layout of a cast to ``addrs``, and its subtrees (``plan``) as positions.
 
-        A view's tree changes only with the fan-out and the dead, so casts to
-        the whole of one view (its list of addresses, kept by its
-        ``MeshRef``) reuse it: a call then numbers its destinations with a few
-        array operations (``Table.number``).
+        A view's tree changes only with the fan-out and the dead, so the
+        table of the whole of one view (its list of addresses, kept by its
+        ``MeshRef``) is kept, keyed ``(id(addrs), fanout, len(dead))``: a
+        call to it finds it in ``cast`` and numbers its destinations with a
+        few array operations (``Table.number``).
         """
         key = (id(addrs), fanout, len(dead))
-        if whole:
-            cached = self._tables.get(key)
-            if cached is not None and cached[0] is addrs:
-                return cached[1]
         places = [(i, addr, 0) for i, addr in enumerate(addrs) if addr not in dead]
         parts: list[slice | list[int]] = []
         for part in plan(places, fanout):
@@ -314,8 +320,8 @@ class Multicast:
             self._prune()
             logged = list(self._log)
         for cast in logged:
-            for subtree in cast.subtrees:
-                lost = _below(subtree, addr, cast.frame[_FANOUT])
+            for wire in cast.wires:
+                lost = _below(Entries(wire), addr, cast.frame[_FANOUT])
                 if lost:
                     self._resend(cast, lost)
 

@@ -63,15 +63,16 @@ def test_a_table_numbers_each_destination_once_per_cast() -> None:
     # consecutive slots (a slice) and scattered ones (an index array) number alike
     for slots in ([4, 5, 6, 7], [9, 2, 11, 3]):
         table = Table(range(4), addrs, slots, [slice(0, 1), [1, 3], slice(2, 3)])
-        first = [list(part) for part in table.number(last)]
-        second = [list(part) for part in table.number(last)]
+        first = [list(Entries(part)) for part in table.number(last)]
+        second = [list(Entries(part)) for part in table.number(last)]
+        assert table.heads == [(0, 5), (0, 6), (1, 7)]
         assert first == [[(0, (0, 5), 1)], [(1, (0, 6), 1), (3, (1, 8), 1)], [(2, (1, 7), 1)]]
         assert [[e[2] for e in part] for part in second] == [[2], [2, 2], [2]]
         assert sorted(last[slots].tolist()) == [2, 2, 2, 2]
     # a direct frame to one destination in between moves only its number
     table = Table(range(4), addrs, [4, 5, 6, 7], [slice(0, 4)])
     last[5] += 1
-    assert [e[2] for e in table.number(last)[0]] == [3, 4, 3, 3]
+    assert [e[2] for e in Entries(table.number(last)[0])] == [3, 4, 3, 3]
 
 
 def test_packed_entries_pickle_as_bytes() -> None:
