@@ -32,5 +32,7 @@ run b6 300 "${MPIRUN[@]}" -n 2 "$PY" -m mpimesh benchmarks/bench_b6.py
 run b8 300 "${MPIRUN[@]}" -n 3 "$PY" -m mpimesh benchmarks/bench_b8.py
 [ -f benchmarks/bench_b7.py ] && run b7 900 "$PY" benchmarks/bench_b7.py
 run b9 600 "${MPIRUN[@]}" -n 17 "$PY" -m mpimesh benchmarks/bench_b9.py
+run b16 900 "${MPIRUN[@]}" -n 65 "$PY" -m mpimesh benchmarks/bench_b16.py
+run links 300 "${MPIRUN[@]}" -n 2 "$PY" -m mpimesh benchmarks/bench_links.py
 echo "results: $RESULTS  logs: $LOGDIR  failed: $failed"
 exit $((failed > 0))
