@@ -77,9 +77,18 @@ def emit(**row):
 class Hook:
     def __init__(self):
         self.failures = []
+        self.cond = threading.Condition()
 
     def __call__(self, failure):
-        self.failures.append(failure)
+        with self.cond:
+            self.failures.append(failure)
+            self.cond.notify_all()
+
+    def wait(self, count, timeout=10.0):
+        """The failures, once there are ``count`` (the hook runs on its own thread, after the caller's error)."""
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.failures) >= count, timeout)
+            return list(self.failures)
 
 
 class R(Actor):
@@ -238,7 +247,7 @@ except Exception as exc:
     emit(adverb="fold_relay_died", value=[type(exc).__name__, str(exc)])
 emit(adverb="fold_after", value=[m.slice(gpus=slice(1, 3)).times.reduce(operator.add, 1).get(30),
                                  m.slice(gpus=slice(4, 5)).times.reduce(operator.add, 5).get(30)])
-emit(adverb="hook", value=[[f.mesh_name, f.crashed_ranks] for f in hook.failures])
+emit(adverb="hook", value=[[f.mesh_name, f.crashed_ranks] for f in hook.wait(3)])
 print("END", flush=True)
 '''
 
@@ -364,6 +373,7 @@ ROOT = r'''
 import json
 import os
 import signal
+import time
 
 import torch
 
@@ -427,6 +437,9 @@ except SupervisionError as exc:
     emit(adverb="root_died", value=["SupervisionError", str(exc)])
 emit(adverb="resent", value=rt.multicast.statistics().resent)
 emit(adverb="healthy", value=list(m.slice(gpus=slice(1, 8)).rank.call().get(60).values()))
+end = time.monotonic() + 10  # the hook runs on its own thread, after the caller's error
+while not failures and time.monotonic() < end:
+    time.sleep(0.01)
 emit(adverb="hook", value=[[f.mesh_name, f.crashed_ranks] for f in failures])
 print("END", flush=True)
 '''
