@@ -103,7 +103,6 @@ class Peers:
         self._gone: set[Addr] = set()
         self._links = 0
         self._failed = 0
-        self._pending = 0
         # workers: peer -> its accept and connect calls still waiting
         self._under_way: dict[Addr, int] = {}
         # leaving: no new link is started; left: the drops went out, a link that comes up now is dropped at once
@@ -207,14 +206,12 @@ class Peers:
                 target(peer, *args)
             finally:
                 with self._lock:
-                    self._pending -= 1
                     self._under_way[peer] -= 1
                     if not self._under_way[peer]:
                         del self._under_way[peer]
                     self._settled.notify_all()
 
         with self._lock:
-            self._pending += 1
             self._under_way[peer] = self._under_way.get(peer, 0) + 1
         threading.Thread(target=run, name="mpimesh-link", daemon=True).start()
 
@@ -334,7 +331,9 @@ class Peers:
 
     def statistics(self) -> LinkStatistics:
         """Counters: frames relayed for others, links made, links that failed, calls still waiting."""
-        return LinkStatistics(self._router.relayed, self._links, self._failed, self._pending)
+        with self._lock:
+            pending = sum(self._under_way.values())
+        return LinkStatistics(self._router.relayed, self._links, self._failed, pending)
 
     def _send(self, dest: Addr, frame: Frame) -> bool:
         try:
