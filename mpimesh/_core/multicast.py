@@ -24,7 +24,10 @@ Faults.  A forwarder that finds a child dead skips it and forwards the
 child's part itself.  A forwarder that dies holding a cast is found by the
 caller when the controller's ``DEAD`` notice arrives: the caller sends its
 logged casts again to the dead forwarder's subtree (receivers drop what they
-already delivered, by sequence number).  A call's cast stays logged until all
+already delivered, by sequence number).  A process can get a call both up
+its tree and from the resend, in either order: it runs the first copy to
+arrive, and the relay of the other copy answers its parent with its
+children's replies alone.  A call's cast stays logged until all
 its replies are in; a broadcast's for ``_RETAIN`` seconds, its buffers only
 while the log holds less than ``_RETAIN_BYTES``: one resent without its
 buffers is lost for that subtree, which the caller reports, and its sequence
@@ -123,14 +126,16 @@ _new_logged = tuple.__new__
 class _Incoming:
     """A cast whose raw buffers arrive in PART frames, on its way to this process's actor."""
 
-    __slots__ = ("children", "buffers", "left", "call", "number", "opened")
+    __slots__ = ("children", "buffers", "left", "call", "number", "relay", "opened")
 
-    def __init__(self, children: list[Addr], buffers: list[Any], left: int, call: Frame, number: int) -> None:
+    def __init__(self, children: list[Addr], buffers: list[Any], left: int, call: Frame, number: int,
+                 relay: Relay | None) -> None:
         self.children = children
         self.buffers = buffers
         self.left = left
         self.call = call
         self.number = number
+        self.relay = relay
         self.opened = time.monotonic()
 
 
@@ -164,8 +169,8 @@ class Multicast:
         self._next_prune = 64
         #: sender -> the next sequence number to deliver from it
         self._expected: dict[Addr, int] = {}
-        #: sender -> sequence number -> (frame to deliver, buffers), held until its turn
-        self._held: dict[Addr, dict[int, tuple[Frame | None, list[Any]]]] = {}
+        #: sender -> sequence number -> (frame to deliver, buffers, the relay its reply goes to), held until its turn
+        self._held: dict[Addr, dict[int, tuple[Frame | None, list[Any], Relay | None]]] = {}
         self._casts_sent = self._forwarded = self._resent = self._lost = 0
         #: (sender, sequence number) -> the relay of that cast here, kept relays.KEEP seconds
         self._relays: dict[tuple[Addr, int], Relay] = {}
@@ -445,7 +450,7 @@ class Multicast:
             if relay is not None:
                 relay.arm(children)
             call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
-            incoming = _Incoming(children, [recv_buffer(n) for n in sizes], sum(sizes), call, number)
+            incoming = _Incoming(children, [recv_buffer(n) for n in sizes], sum(sizes), call, number, relay)
             with self._lock:
                 self._incoming[sender, cid] = incoming
                 if len(self._incoming) >= self._next_incoming_prune:
@@ -462,7 +467,7 @@ class Multicast:
         if relay is not None:
             relay.arm(children)
         call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
-        self._in_order(sender, number, call, mine)
+        self._in_order(sender, number, call, mine, relay)
 
     def _fold(self, wire: bytes) -> Fold:
         # the folds of recent casts, unpickled once each (a training loop reduces with the same few)
@@ -494,7 +499,7 @@ class Multicast:
         if incoming.left <= 0:
             with self._lock:
                 self._incoming.pop(key, None)
-            self._in_order(sender, incoming.number, incoming.call, incoming.buffers)
+            self._in_order(sender, incoming.number, incoming.call, incoming.buffers, incoming.relay)
 
     def _prune_incoming(self) -> None:
         # Under the lock: forget streams older than relays.KEEP (their sender or a forwarder died).
@@ -515,24 +520,36 @@ class Multicast:
         _, _, sender, number, inner = frame
         self._in_order(sender, number, inner, buffers)
 
-    def _in_order(self, sender: Addr, number: int, frame: Frame | None, buffers: list[Any]) -> None:
+    def _in_order(self, sender: Addr, number: int, frame: Frame | None, buffers: list[Any],
+                  relay: Relay | None = None) -> None:
         # Hand on `frame` if it is the next from `sender`, with the held ones
         # that follow it; else hold it.  None: a number skipped (a lost broadcast).
+        # A number delivered or held already keeps its first copy: a cast can
+        # come twice, up its tree and resent around a dead forwarder, in
+        # either order.  The `relay` of the copy not delivered gets no reply
+        # from this process: it sends on its children's replies alone.
         with self._deliver:
             with self._lock:
                 expected = self._expected.get(sender, 1)
-                if number < expected:
-                    return  # a resent cast delivered already
                 held = self._held.setdefault(sender, {})
-                if number > expected:
-                    held[number] = (frame, buffers)
+                if number < expected or number in held:
+                    duplicate = True
+                elif number > expected:
+                    held[number] = (frame, buffers, relay)
                     return
-                ready = [(frame, buffers)]
-                expected += 1
-                while expected in held:
-                    ready.append(held.pop(expected))
+                else:
+                    duplicate = False
+                    ready = [(frame, buffers)]
                     expected += 1
-                self._expected[sender] = expected
+                    while expected in held:
+                        item, bufs, _ = held.pop(expected)
+                        ready.append((item, bufs))
+                        expected += 1
+                    self._expected[sender] = expected
+            if duplicate:
+                if relay is not None:
+                    relay.disown()
+                return
             dispatch = self.rt.dispatch
             for item, bufs in ready:
                 if item is not None:

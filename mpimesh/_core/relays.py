@@ -155,6 +155,15 @@ class Relay(Receiver):
         """A child died: its subtree answers the caller directly (the caller resends to it)."""
         return self._settle(addr)
 
+    def disown(self) -> None:
+        """This process runs the call from another copy of the cast (a resend): send the children's replies alone.
+
+        The copy delivered answers the caller straight away, or through the
+        relay of the copy that came first; this one waits only for its children.
+        """
+        if self._settle(self.rt.addr):
+            self.rt.ports.close(self.pid)
+
     def _settle(self, src: Addr | None) -> bool:
         with self.lock:
             if src is not None:
