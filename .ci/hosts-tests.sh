@@ -117,9 +117,11 @@ for line in leftovers(sys.argv[1]):
   return 1
 }
 
-# Every pytest step writes a JUnit report: its presence is the proof that the
-# run went to its end (prterun exits 0 when PRRTE loses a host's daemon and
-# kills the job mid-run, so the exit status alone can hide a cut-off run).
+# Every pytest step writes a JUnit report and pytest's exit status beside it
+# (REPORT.done, tests/conftest.py): status 0 there is the proof that the run
+# went to its end (prterun exits 0 when PRRTE loses a host's daemon and kills
+# the job mid-run, so the exit status alone can hide a cut-off run, and the
+# interrupted pytest still writes a report of the tests done so far).
 JUNIT=${HOSTS_TESTS_JUNIT:-}
 if [ -z "$JUNIT" ]; then
   JUNIT_DIR=$(mktemp -d)  # removed by finish
@@ -137,6 +139,7 @@ step() {
   if [[ " $ONLY " != *" $name "* ]] && [ "$name" != check ]; then return 0; fi
   tag="mpimesh-test-hosts-$name-$$"
   for attempt in 1 2; do
+    [ -n "${REPORT:-}" ] && rm -f "$REPORT" "$REPORT.done"
     log "$name: $*"
     T=$(now)
     out=$(mktemp)
@@ -144,13 +147,13 @@ step() {
     rc=${PIPESTATUS[0]}
     [ "$rc" = 124 ] && log "$name: timed out after $STEP_TIMEOUT s"
     if ! clean "$tag"; then log "$name: left processes behind"; rc=${rc/#0/1}; fi
-    if [ "$rc" = 0 ] && [ -n "${REPORT:-}" ] && [ ! -s "$REPORT" ]; then
+    if [ "$rc" = 0 ] && [ -n "${REPORT:-}" ] && { [ ! -s "$REPORT" ] || [ "$(cat "$REPORT.done" 2> /dev/null)" != 0 ]; }; then
       if [ "$attempt" = 1 ] && grep -q "$LOST_DAEMON" "$out"; then
         log "$name: PRRTE lost a host's daemon and ended the job with status 0 before pytest finished: once more"
         rm -f "$out"
         continue
       fi
-      log "$name: no test report ($REPORT): the job ended before pytest did"
+      log "$name: no test report ($REPORT), or pytest's status is not 0 ($(cat "$REPORT.done" 2> /dev/null || echo none)): the job ended before pytest did"
       rc=1
     fi
     rm -f "$out"

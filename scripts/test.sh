@@ -22,10 +22,15 @@ reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
 run_no=0
 next_report() { run_no=$((run_no + 1)); report="--junitxml=$reports/run$run_no.xml"; }
-# A run must leave its report, the proof that pytest went to its end: an MPI
-# launcher can end a job early and still exit 0 (prterun, losing a daemon).
+# A run must leave its report and pytest's exit status 0 beside it (tests/conftest.py
+# writes REPORT.done), the proof that pytest went to its end: an MPI launcher can end
+# a job early and still exit 0 (prterun, losing a daemon), and an interrupted pytest
+# writes a report of the tests done so far.
 check_report() {
   [ -s "$reports/run$run_no.xml" ] || { echo "error: test run $run_no left no report: it ended before pytest did"; exit 1; }
+  local status
+  status=$(cat "$reports/run$run_no.xml.done" 2> /dev/null || echo none)
+  [ "$status" = 0 ] || { echo "error: test run $run_no did not end as a whole (pytest's status: $status)"; exit 1; }
 }
 
 mpi_runs() {
