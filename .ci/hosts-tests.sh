@@ -130,15 +130,17 @@ fi
 LOST_DAEMON="has lost communication with a remote daemon"
 
 # [REPORT=path] step NAME COMMAND...: run bounded, with a tag; record the outcome.
-# A run that ends with status 0 but without its report failed; when PRRTE said
-# it lost a daemon (an infrastructure failure of the simulated hosts, seen about
-# once in 20 CI runs here), the step runs once more, and the log says so.
+# A run that ends with status 0 but without its report (or with pytest's status
+# not 0) failed; when PRRTE said it lost a daemon (an infrastructure failure of
+# the simulated hosts, seen about once in 20 CI runs here, twice in a row once,
+# always in the first cross-host spawn of the mesh suite, not reproduced alone),
+# the step runs again after 10 s, up to 3 times, and the log says so.
 step() {
   local name=$1 T rc tag out attempt
   shift
   if [[ " $ONLY " != *" $name "* ]] && [ "$name" != check ]; then return 0; fi
   tag="mpimesh-test-hosts-$name-$$"
-  for attempt in 1 2; do
+  for attempt in 1 2 3; do
     [ -n "${REPORT:-}" ] && rm -f "$REPORT" "$REPORT.done"
     log "$name: $*"
     T=$(now)
@@ -148,9 +150,10 @@ step() {
     [ "$rc" = 124 ] && log "$name: timed out after $STEP_TIMEOUT s"
     if ! clean "$tag"; then log "$name: left processes behind"; rc=${rc/#0/1}; fi
     if [ "$rc" = 0 ] && [ -n "${REPORT:-}" ] && { [ ! -s "$REPORT" ] || [ "$(cat "$REPORT.done" 2> /dev/null)" != 0 ]; }; then
-      if [ "$attempt" = 1 ] && grep -q "$LOST_DAEMON" "$out"; then
-        log "$name: PRRTE lost a host's daemon and ended the job with status 0 before pytest finished: once more"
+      if [ "$attempt" -lt 3 ] && grep -q "$LOST_DAEMON" "$out"; then
+        log "$name: PRRTE lost a host's daemon and ended the job with status 0 before pytest finished: once more in 10 s"
         rm -f "$out"
+        sleep 10
         continue
       fi
       log "$name: no test report ($REPORT), or pytest's status is not 0 ($(cat "$REPORT.done" 2> /dev/null || echo none)): the job ended before pytest did"
