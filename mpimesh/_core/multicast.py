@@ -233,13 +233,14 @@ class Multicast:
             send = self.rt.router.send
             head = frame[:-1]
             for child, wire in zip(table.heads, wires, strict=True):
-                if not dead or child not in dead:
+                report = dead.get(child) if dead else None
+                if report is None:
                     try:
                         send(child, (*head, wire), buffers)
                         continue
-                    except ConnectionError:
-                        pass
-                failed.extend(self._send(frame, Entries(wire), buffers))  # around the child
+                    except ConnectionError as exc:
+                        report = str(exc)
+                failed.extend(self._send(frame, Entries(wire), buffers, unreachable=report))  # around the child
             return failed
         cid = next(self._ids)
         frame = (*frame[:_STREAM], (cid, tuple(memoryview(b).nbytes for b in buffers)), b"")
@@ -388,14 +389,18 @@ class Multicast:
     # --- forwarder ----------------------------------------------------------------------------------
 
     def _send(self, frame: Frame, subtree: Sequence[Entry], buffers: list[Any],
-              sent: list[Addr] | None = None) -> list[tuple[Addr, str]]:
+              sent: list[Addr] | None = None, unreachable: str | None = None) -> list[tuple[Addr, str]]:
         """Send ``frame`` for ``subtree`` to its first entry; around it, to its parts, if it cannot be reached.
 
-        Each process the frame reached is appended to ``sent``.
+        Each process the frame reached is appended to ``sent``.  ``unreachable``:
+        why the first entry cannot be reached, when the caller's own send found
+        it so (it is not tried again).
         """
         dead = self.rt.dead
         child = subtree.head if type(subtree) is Entries else subtree[0][1]
-        report = dead.get(child) if dead else None
+        report = unreachable
+        if report is None and dead:
+            report = dead.get(child)
         if report is None:
             try:
                 self.rt.router.send(child, (*frame[:-1], pack(subtree)), buffers)

@@ -1,15 +1,18 @@
-"""A cast that reaches a process twice: up its tree and resent around a dead forwarder.
+"""One process's ``Multicast``, without MPI: frames given by hand, sends recorded.
 
-When a forwarder dies holding a call, the caller resends the call to the
-forwarder's subtree with replies sent straight back (``RESEND``).  A process
-of that subtree can also get the call from another forwarder that went
-around the dead one, with replies gathered up the tree (``GATHER``).  Which
-copy comes first depends on the network; the process runs the call once, and
-the relay of the copy it does not run must still answer its parent, or the
-parent's relay (and every one above it, up to the caller) waits for ever.
-That race failed a CI run across two simulated hosts
-(``tests/hosts/test_hosts_trees.py``); here it is played in both orders,
-without MPI, on one process's ``Multicast`` with the frames given by hand.
+A cast that reaches a process twice, up its tree and resent around a dead
+forwarder.  When a forwarder dies holding a call, the caller resends the call
+to the forwarder's subtree with replies sent straight back (``RESEND``).  A
+process of that subtree can also get the call from another forwarder that
+went around the dead one, with replies gathered up the tree (``GATHER``).
+Which copy comes first depends on the network; the process runs the call
+once, and the relay of the copy it does not run must still answer its
+parent, or the parent's relay (and every one above it, up to the caller)
+waits for ever.  That race failed a CI run across two simulated hosts
+(``tests/hosts/test_hosts_trees.py``); here it is played in both orders.
+
+A child the caller cannot reach: the call goes around it, to its subtree's
+parts, and the child is tried once, not once more on the way around.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from mpimesh._core import protocol
-from mpimesh._core.entries import pack
-from mpimesh._core.multicast import GATHER, RESEND, Multicast
+from mpimesh._core.entries import Entries, pack
+from mpimesh._core.multicast import DIRECT, GATHER, RESEND, Multicast, split
 from mpimesh._core.ports import PortTable
 from mpimesh._core.protocol import Frame, Kind, Status
+from mpimesh.config import settings
 
 Addr = tuple[int, int]
 
@@ -35,8 +39,14 @@ FORWARDER_PORT = (FORWARDER, 7)
 class Router:
     def __init__(self) -> None:
         self.sent: list[tuple[Addr, Frame]] = []
+        #: every send tried, reachable or not
+        self.tried: list[Addr] = []
+        self.unreachable: set[Addr] = set()
 
     def send(self, dest: Addr, frame: Frame, buffers: list[Any] = []) -> None:  # noqa: B006
+        self.tried.append(dest)
+        if dest in self.unreachable:
+            raise ConnectionError(f"process {dest} is unreachable")
         self.sent.append((dest, frame))
 
 
@@ -128,3 +138,19 @@ def test_a_copy_of_a_call_run_long_ago_is_dropped_without_running_it() -> None:
     mc.on_cast(FORWARDER, cast(FORWARDER_PORT, GATHER), [])
     assert len(rt.calls) == 1
     assert rt.router.sent[sent:] == [(FORWARDER, (Kind.REPLY, None, 7, -1, Status.MANY, []))]
+
+
+def test_a_child_that_cannot_be_reached_is_tried_once_and_the_call_goes_around_it() -> None:
+    rt = Runtime()
+    rt.addr = CALLER  # type: ignore[misc]
+    mc = Multicast(rt)  # type: ignore[arg-type]
+    addrs = [(0, r) for r in range(1, 6)]
+    rt.router.unreachable.add((0, 1))
+    failed = mc.cast(KEY, "add", (3,), None, [], None, range(5), addrs, ("gpus",), (5,), None, DIRECT)
+    assert failed == [((0, 1), "process (0, 1) is unreachable")]
+    # around the head (tried once): its other entries, in parts of the fan-out, each to its first
+    parts = [[addrs[e[0]] for e in part] for part in split([(r, a, 1) for r, a in enumerate(addrs)][1:],
+                                                          settings.cast_fanout)]
+    assert rt.router.tried == [(0, 1)] + [part[0] for part in parts]
+    sent = [[e[1] for e in Entries(frame[-1])] for _, frame in rt.router.sent]
+    assert sent == parts
