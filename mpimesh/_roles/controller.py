@@ -33,9 +33,9 @@ from .hostwatchers import HostWatchers
 from .islands import Islands, prepare_singleton
 from .liveness import Liveness
 from .pool import Pool
-from .procs import Addr, ProcInfo, Procs
+from .procs import Addr, Procs
 
-__all__ = ["Controller", "ProcInfo"]
+__all__ = ["Controller"]
 
 
 class Controller(BaseRole):

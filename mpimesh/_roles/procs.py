@@ -17,7 +17,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .._core import protocol
@@ -82,9 +82,6 @@ class Procs:
     def values(self) -> list[ProcInfo]:
         """Every worker (a copy: safe to read while another thread adds)."""
         return list(self._rows.values())
-
-    def __iter__(self) -> Iterator[Addr]:
-        return iter(list(self._rows))
 
     def __len__(self) -> int:
         return len(self._rows)
