@@ -57,9 +57,9 @@ def test_a_free_rank_is_neither_held_nor_dead() -> None:
     ("ranks", "fix"),
     [
         ([(1, "h0")], ("launch with more ranks (e.g. `mpirun -n 5 python -m mpimesh ...`, or more srun tasks: "
-                      "spawning is not possible under srun)")),
+                       "spawning is not possible under srun)")),
         ([(1, "h0"), (2, "h1")], ("launch with enough ranks on each host for the meshes (e.g. `mpirun --host "
-                                 "h0:2,h1:4`, `srun --ntasks-per-node=...`)")),
+                                  "h0:2,h1:4`, `srun --ntasks-per-node=...`)")),
     ],
     ids=["one host", "two hosts"],
 )
