@@ -30,7 +30,8 @@ PortRef = tuple[Addr, int]
 __all__ = [
     "CONTROLLER", "Frame", "Key", "KINDS", "Kind", "NAMES", "PortRef", "Spec", "Status", "TAG_DATA", "TAG_FRAME",
     "batch", "bye", "call", "cast", "dead", "debug", "describe", "fault", "forward", "hello", "init", "link", "log",
-    "mark", "ping", "part", "procs", "reply", "seq", "shutdown", "site_call", "spawn", "stop",
+    "mark", "ping", "part", "reply", "seq", "shutdown", "site_call", "spawn", "stop",
+    "allocate", "job_hosts", "named_actor", "release",
 ]
 
 
@@ -46,7 +47,7 @@ class Kind:
     SHUTDOWN: Final = 7
     BYE: Final = 8
     FORWARD: Final = FORWARD
-    PROCS: Final = 10
+    ALLOCATE: Final = 10
     PING: Final = PING
     FAULT: Final = 12
     DEAD: Final = 13
@@ -62,6 +63,9 @@ class Kind:
     PULL: Final = PULL
     WATCH: Final = 24
     EXITED: Final = 25
+    JOB_HOSTS: Final = 26
+    NAMED_ACTOR: Final = 27
+    RELEASE: Final = 28
 
 
 class Status:
@@ -94,7 +98,7 @@ class Spec(NamedTuple):
 # --- the table: kind, fields, constructor, handler ------------------------------------------------
 
 _INIT, _HELLO, _SPAWN, _CALL, _REPLY, _STOP = Kind.INIT, Kind.HELLO, Kind.SPAWN, Kind.CALL, Kind.REPLY, Kind.STOP
-_SHUTDOWN, _BYE, _PROCS, _FAULT, _DEAD, _LOG = Kind.SHUTDOWN, Kind.BYE, Kind.PROCS, Kind.FAULT, Kind.DEAD, Kind.LOG
+_SHUTDOWN, _BYE, _FAULT, _DEAD, _LOG = Kind.SHUTDOWN, Kind.BYE, Kind.FAULT, Kind.DEAD, Kind.LOG
 _SITE_CALL, _DEBUG, _CAST, _SEQ, _PART = Kind.SITE_CALL, Kind.DEBUG, Kind.CAST, Kind.SEQ, Kind.PART
 
 KINDS: dict[int, Spec] = {}
@@ -203,12 +207,38 @@ def forward(bufsizes: tuple[int, ...] | None, dest: Addr, frame_bytes: bytes) ->
     return (FORWARD, bufsizes, dest, frame_bytes)
 
 
-_declare(_PROCS, "PROCS", "op arg reply_port", "_roles.controller.Controller.on_procs")
+# A worker's requests to the controller about processes; each is answered on ``reply_port``.
+
+_declare(Kind.ALLOCATE, "ALLOCATE", "per_host hosts reply_port", "_roles.controller.Controller.on_allocate")
 
 
-def procs(op: str, arg: Any, reply_port: PortRef) -> Frame:
-    """Worker -> controller: ``"alloc"`` ``arg`` processes, or ``"release"`` ``(addrs, reason)``."""
-    return (_PROCS, None, op, arg, reply_port)
+def allocate(per_host: int, hosts: list[str], reply_port: PortRef) -> Frame:
+    """Worker -> controller: ``per_host`` processes on each of ``hosts`` for a new mesh; answered ``[(addr, host)]``."""
+    return (Kind.ALLOCATE, None, per_host, hosts, reply_port)
+
+
+_declare(Kind.JOB_HOSTS, "JOB_HOSTS", "reply_port", "_roles.controller.Controller.on_job_hosts")
+
+
+def job_hosts(reply_port: PortRef) -> Frame:
+    """Worker -> controller: the job's hosts in launch order, please."""
+    return (Kind.JOB_HOSTS, None, reply_port)
+
+
+_declare(Kind.NAMED_ACTOR, "NAMED_ACTOR", "name body reply_port", "_roles.controller.Controller.on_named_actor")
+
+
+def named_actor(name: str, body: bytes, reply_port: PortRef) -> Frame:
+    """Worker -> controller: the singleton actor mesh ``name``, spawned from the pickled ``body`` if new."""
+    return (Kind.NAMED_ACTOR, None, name, body, reply_port)
+
+
+_declare(Kind.RELEASE, "RELEASE", "addrs reason reply_port", "_roles.controller.Controller.on_release")
+
+
+def release(addrs: list[Addr], reason: str, reply_port: PortRef) -> Frame:
+    """Worker -> controller: stop every actor on ``addrs`` and take the processes back; answered once done."""
+    return (Kind.RELEASE, None, addrs, reason, reply_port)
 
 
 _declare(PING, "PING", "sequence", "_roles.worker.Worker.on_ping | _roles.controller.Controller.on_ping")

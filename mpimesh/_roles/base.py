@@ -23,8 +23,8 @@ __all__ = ["ROLE_KINDS", "BaseRole"]
 Addr = tuple[int, int]
 
 #: The kinds whose handler is the role's; every other kind is the runtime's.
-ROLE_KINDS = (Kind.INIT, Kind.HELLO, Kind.SHUTDOWN, Kind.BYE, Kind.FORWARD, Kind.PROCS, Kind.PING, Kind.LOG,
-              Kind.WATCH, Kind.EXITED)
+ROLE_KINDS = (Kind.INIT, Kind.HELLO, Kind.SHUTDOWN, Kind.BYE, Kind.FORWARD, Kind.ALLOCATE, Kind.JOB_HOSTS,
+              Kind.NAMED_ACTOR, Kind.RELEASE, Kind.PING, Kind.LOG, Kind.WATCH, Kind.EXITED)
 
 
 class BaseRole:

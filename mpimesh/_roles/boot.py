@@ -68,9 +68,9 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controll
     _current.install(rt)
     controller.start()
     if embedded:
-        atexit.register(controller.shutdown_at_exit)
+        atexit.register(controller.end.at_exit)
         # In a Jupyter kernel, stop the workers before ipykernel signals its children (README, "Notebooks").
-        before_kernel_shutdown(lambda: controller.shutdown(0))
+        before_kernel_shutdown(lambda: controller.end.shutdown(0))
         if interactive_session():
             rt.progress.main_thread_polls = False  # an interrupt must not land between a receive and its dispatch
     return controller

@@ -23,7 +23,7 @@ from typing import Any
 from .._core import protocol
 from .._core.logs import Forwarder, go_local, install_forwarders, warn
 from .._core.ports import OneReply
-from .._core.protocol import CONTROLLER, Frame, Kind
+from .._core.protocol import CONTROLLER, Frame, Kind, PortRef
 from .._core.runtime import Runtime, extend_sys_path
 from .._transport.frames import TAG_FRAME
 from .._transport.mpi import MPI, library
@@ -217,33 +217,32 @@ class Worker(BaseRole):
     def allocate(self, per_host: int, hosts: list[str]) -> list[tuple[Addr, str]]:
         """``per_host`` processes on each of ``hosts``, from the controller (blocking)."""
         fut = OneReply("spawn_procs", "spawn_procs", CONTROLLER)
-        self._ask("alloc", (per_host, hosts), fut)
+        self.rt.send(CONTROLLER, protocol.allocate(per_host, hosts, self._port(fut)))
         placed: list[tuple[Addr, str]] = fut.get()
         return placed
 
     def named_actor(self, name: str, body: bytes) -> Any:
         """The controller's singleton actor mesh ``name`` (blocking)."""
         fut = OneReply("get_or_spawn_controller", "get_or_spawn_controller", CONTROLLER)
-        self._ask("named", (name, body), fut)
+        self.rt.send(CONTROLLER, protocol.named_actor(name, body, self._port(fut)))
         return fut.get()
 
     def job_hosts(self) -> list[str]:
         """The job's hosts in launch order, from the controller (blocking)."""
         fut = OneReply("host_mesh", "host_mesh", CONTROLLER)
-        self._ask("hosts", None, fut)
+        self.rt.send(CONTROLLER, protocol.job_hosts(self._port(fut)))
         hosts: list[str] = fut.get()
         return hosts
 
     def release(self, addrs: list[Addr], reason: str) -> Future[None]:
         """Ask the controller to stop the actors on ``addrs`` and take the processes back."""
         fut = OneReply("ProcMesh.stop()", "ProcMesh.stop", CONTROLLER)
-        self._ask("release", (addrs, reason), fut)
+        self.rt.send(CONTROLLER, protocol.release(addrs, reason, self._port(fut)))
         return fut
 
-    def _ask(self, op: str, arg: Any, fut: OneReply) -> None:
-        rt = self.rt
-        port = (rt.addr, rt.ports.open(fut))
-        rt.send(CONTROLLER, protocol.procs(op, arg, port))
+    def _port(self, fut: OneReply) -> PortRef:
+        # A reply port of this process for the controller's one answer to a request.
+        return (self.rt.addr, self.rt.ports.open(fut))
 
     # --- serving ----------------------------------------------------------------------------------
 
@@ -309,7 +308,7 @@ class Worker(BaseRole):
 
     def _disconnect_parent(self) -> None:
         # The controller disconnects only from an island that is whole
-        # (Controller._drop_island): once a sibling has died (issue #3: the
+        # (Islands.drop): once a sibling has died (issue #3: the
         # island now outlives it), MPI_Comm_disconnect fails (MPI_ERR_COMM on
         # Open MPI 5).  A disconnect the controller does not join would wait:
         # the watchdog bounds it.

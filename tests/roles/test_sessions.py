@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mpimesh._roles.controller import _remove_stale_sessions
+from mpimesh._roles.islands import _remove_stale_sessions
 
 
 def dead_pid() -> int:

@@ -102,7 +102,7 @@ def islands() -> Any:
 
     rt = current()
     role: Any = rt.role
-    free = sum(role.procs[a].host == rt.host for a in role.free)  # the pool's free ranks on this host
+    free = len(role.pool.free_ranks(rt.host))  # the pool's free ranks on this host
     with spawning():
         meshes = [this_host().spawn_procs(per_host={"gpus": n}) for n in (max(1, free), 1)]
     talkers = [m.spawn(f"talker{i}", Talker).slice(gpus=0)  # type: ignore[attr-defined]
