@@ -1,9 +1,9 @@
 """What an actor's mailbox holds: small typed items, and the call sites they may name.
 
-Every item but :class:`Init` comes from a frame (or from the actor itself:
-``Instance.stop``, a failure of a mesh it owns).  Each actor's runner hands
-each item to the handler its cell registered for the item's type (see
-``actor_cell.ActorCell.handlers``).
+Items come from frames (SPAWN, CALL, SITE_CALL, STOP) or from the actor's
+own process (``Instance.stop``, a failure of a mesh it owns).  Each actor's
+runner hands each item to the handler its cell registered for the item's
+type (see ``actor_cell.ActorCell.start``).
 """
 
 from __future__ import annotations
