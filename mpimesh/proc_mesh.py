@@ -5,15 +5,14 @@ from __future__ import annotations
 import inspect
 import math
 import sys
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future as _StdFuture
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, cast
 
 from ._core import calls as _calls
 from ._core import named as _named
 from ._core import serialize as _serialize
+from ._core.waits import when_all
 from .actor import Actor, endpoint_table
 from .actor_mesh import ActorMesh
 from .context import _install_this_proc
@@ -320,28 +319,7 @@ def shutdown_context() -> Future[None]:
     stop raised.  Meshes spawned later are not affected; the job itself
     goes on (it ends when the controller script ends).
     """
-    stops = [mesh.stop("shutdown_context()") for mesh in list(_LIVE.values())]
-    done: Future[None] = Future("shutdown_context()")
-    if not stops:
-        done.set_result(None)
-        return done
-    left = [len(stops)]
-    lock = threading.Lock()  # the stops' callbacks run on whichever thread settles them
-
-    def one(fut: _StdFuture[Any]) -> None:
-        error = fut.exception()
-        with lock:
-            left[0] -= 1
-            if done.done():
-                return
-            if error is not None:
-                done.set_exception(error)
-            elif left[0] == 0:
-                done.set_result(None)
-
-    for stop in stops:
-        stop.add_done_callback(one)
-    return done
+    return when_all([mesh.stop("shutdown_context()") for mesh in list(_LIVE.values())], "shutdown_context()")
 
 
 def this_host() -> HostMesh:

@@ -44,12 +44,12 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from ._core import calls as _calls
 from ._core.calls import Here
+from ._core.waits import when_all
 from ._data import buffers as _buffers
 from ._data import cma as _cma
 from ._data import pulls as _pulls
@@ -554,36 +554,17 @@ class RDMAAction:
         Returns:
             A future done when all are; it raises the first operation's error.
         """
-        out: Future[None] = Future(f"RDMAAction.submit() of {len(self._ops)}")
+        what = f"RDMAAction.submit() of {len(self._ops)}"
         futures = []
         try:
             for op, buf, memory, nbytes in self._ops:
                 buf._check_open("read_into" if op == "read" else "write_from")
                 futures.append(buf._start(op, memory, nbytes, timeout))
         except BaseException as exc:
+            out: Future[None] = Future(what)
             out.set_exception(exc)
             return out
-        if not futures:
-            out.set_result(None)
-            return out
-        left = [len(futures)]
-        lock = threading.Lock()
-
-        def one(_: Any) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last and not out.done():
-                errors = [f.exception(0) for f in futures]
-                first = next((e for e in errors if e is not None), None)
-                if first is None:
-                    out.set_result(None)
-                else:
-                    out.set_exception(first)
-
-        for fut in futures:
-            fut.add_done_callback(one)
-        return out
+        return when_all(futures, what)
 
 
 def _check_buffer(obj: Any, what: str, name: str) -> RDMABuffer:

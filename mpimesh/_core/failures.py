@@ -54,7 +54,7 @@ class Rerouter(Protocol):
 
 
 class Owner(Protocol):
-    """An actor that owns meshes (``_core.actors``)."""
+    """An actor that owns meshes (``_core.actor_cell.ActorCell``)."""
 
     def supervise(self, failure: MeshFailure) -> None:
         """Hand ``failure`` to the actor's ``__supervise__``, in mailbox order."""

@@ -13,7 +13,7 @@ caller does, so the process keeps polling: its heartbeats are answered and
 its other actors keep serving; only the paused actor's mailbox waits.
 
 Post-mortem: each actor keeps the exception of its last failed call
-(``_core.actors``: one per actor, dropped when it stops); a DEBUG ``"pm"``
+(``_core.actor_cell``: one per actor, dropped when it stops); a DEBUG ``"pm"``
 frame (:func:`mpimesh.debug.pm`) opens a pdb on its traceback, on a thread
 of its own, in the same way.
 """
@@ -49,7 +49,7 @@ _previous_hook: Callable[..., Any] | None = None
 
 
 def _actor() -> Any:
-    """The actor (``_core.actors._Actor``) whose endpoint the calling thread runs, or None."""
+    """The actor (``_core.actor_cell.ActorCell``) whose endpoint the calling thread runs, or None."""
     return context().actor_instance._actor
 
 

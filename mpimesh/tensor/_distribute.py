@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._core.waits import Countdown
 from ..future import Future
 from ._client import client_of
 from ._commands import PUT
@@ -138,19 +138,13 @@ def gather(t: Tensor, placements: Sequence[Placement] | None = None) -> Future[t
 
         return assemble(())
 
-    remaining = [len(futures)]
-    lock = threading.Lock()
+    def settle() -> None:
+        try:
+            result.set_result(join())
+        except BaseException as exc:
+            result.set_exception(exc)
 
-    def arrived(_: Any) -> None:
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            try:
-                result.set_result(join())
-            except BaseException as exc:
-                result.set_exception(exc)
-
+    countdown = Countdown(len(futures), settle)
     for f in futures.values():
-        f.add_done_callback(arrived)
+        f.add_done_callback(countdown.count)
     return result
