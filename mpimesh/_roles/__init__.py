@@ -4,5 +4,5 @@
 roles), ``liveness`` (the controller's watch on its workers), ``job_status``
 (the job's exit status under ULFM), ``interactive`` (a controller that is a
 Jupyter kernel or a prompt), and ``boot``, which builds a runtime and its
-role and wires them together.
+role and connects them.
 """

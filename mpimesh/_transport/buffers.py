@@ -1,4 +1,4 @@
-"""Raw buffers on the wire: their layout in a frame, and pooled blocks to receive them into.
+"""Raw buffers sent with a frame: their layout in a frame, and pooled blocks to receive them into.
 
 A frame's raw buffers (the data plane's out-of-band tensors and arrays) are
 sent from the caller's memory without a copy, right after the frame, on
