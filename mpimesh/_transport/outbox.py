@@ -77,8 +77,8 @@ class Outbox:
         self._failed = failed
         self._isend = isend
         self._also = also
-        # sends in flight: (request, the bytes it reads, whether it is bulk)
-        self._sends: deque[tuple[MPI.Request, Any, bool]] = deque()
+        #: sends in flight: (request, the bytes it reads, whether it is bulk)
+        self.sends: deque[tuple[MPI.Request, Any, bool]] = deque()
         #: large sends in flight: the answer to them comes soon, keep polling tight
         self.bulk = 0
         #: destinations (their coalescing states) with frames held back for a batch
@@ -143,7 +143,7 @@ class Outbox:
                 self._start(link, rank, data)
             if paused and self.ring is not None:
                 self.ring(link.source(rank))
-            if self._sends:
+            if self.sends:
                 self._reap()
         except MPI.Exception as exc:
             self.send_failed(link, rank, exc)
@@ -206,12 +206,12 @@ class Outbox:
             if handle is None:
                 return
             req = MPI.Request.fromhandle(handle)
-        self._sends.append((req, data, False))
+        self.sends.append((req, data, False))
 
     def _start_with_buffers(self, comm: MPI.Comm, rank: int, data: bytes, buffers: Sequence[Any]) -> None:
         # A frame and its raw buffers, posted together (send lock held), so
         # that the buffers are the next messages from this process on TAG_DATA.
-        sends = self._sends
+        sends = self.sends
         sends.append((comm.Isend(data, rank, TAG_FRAME), data, False))
         for buf in buffers:
             view = memoryview(buf).cast("B")
@@ -256,8 +256,8 @@ class Outbox:
     def in_flight(self) -> int:
         """Sends not yet complete (read without the send lock: a hint, except under it)."""
         if self._also is not None:
-            return len(self._sends) + self._also.pending
-        return len(self._sends)
+            return len(self.sends) + self._also.pending
+        return len(self.sends)
 
     def drain(self, bound: float) -> bool:
         """Wait until every send posted so far has completed, at most ``bound`` seconds; whether they have.
@@ -297,7 +297,7 @@ class Outbox:
         also = self._also
         if also is not None and also.pending:
             also.reap()
-        sends = self._sends
+        sends = self.sends
         while sends:
             try:
                 if not sends[0][0].Test():

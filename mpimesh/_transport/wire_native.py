@@ -227,7 +227,7 @@ class NativeWire:
             if outbox.held:
                 outbox.flush()
             handled = 0
-            if chores.local or chores.ticks or outbox.in_flight():
+            if chores.local or chores.ticks or outbox.sends or self._sender.pending:
                 handled = self._chores_due()
                 spin = 0.0
             # The links the pump's error indices refer to: a handler (a
