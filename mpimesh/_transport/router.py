@@ -74,7 +74,7 @@ class Router:
         #: statistics: frames this process relayed for others (the controller's FORWARDs)
         self.relayed = 0
 
-    # -- wiring ------------------------------------------------------------
+    # -- islands and the relay ---------------------------------------------
 
     def add_island(self, comm: MPI.Comm, island: int) -> None:
         """Reach the ranks of ``island`` through ``comm`` (their rank = comm rank)."""
