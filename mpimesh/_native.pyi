@@ -2,8 +2,8 @@
 
 Built by ``setup.py`` with the MPI compiler wrapper when one is found; it
 does not link libmpi.  Without it, ``mpimesh._data.buffers.cuda_support`` falls
-back to ctypes, and ``mpimesh._transport.make_router`` makes the mpi4py
-``Router`` instead of a ``NativeRouter`` (see ``mpimesh._transport.native``).
+back to ctypes, and ``mpimesh._transport.make_router`` puts the router
+over an ``Mpi4pyWire`` instead of a ``NativeWire`` (see ``mpimesh._transport.native``).
 """
 
 from typing import Any
@@ -42,7 +42,7 @@ def wire_isend(handle: int, data: bytes, dest: int, tag: int, /) -> int | None:
     """
 
 class Pump:
-    """NativeRouter's receive path: receive, unpickle and dispatch frames (see native/pump.c).
+    """NativeWire's receive path: receive, unpickle and dispatch frames (see native/pump.c).
 
     Args:
         lock: held while receiving (the router's lock), released before dispatching.
@@ -90,7 +90,7 @@ class Out:
     def __init__(self, link: Any, rank: int) -> None: ...
 
 class Sender:
-    """NativeRouter's send path for frames that leave at once (see native/post.c).
+    """NativeWire's send path for frames that leave at once (see native/post.c).
 
     Args:
         lock: the router's send lock, held while sending.

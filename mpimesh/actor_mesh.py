@@ -34,11 +34,11 @@ class Endpoint(Generic[R]):
     and pickled before anything is sent, so a bad call raises here.
     """
 
-    def __init__(self, mesh: ActorMesh[Any], info: EndpointInfo, wire: str | None = None) -> None:
+    def __init__(self, mesh: ActorMesh[Any], info: EndpointInfo, name: str | None = None) -> None:
         self._mesh = mesh
         self._info = info
         # what the actor is asked for: the method's name (see as_endpoint)
-        self._name = wire or info.name
+        self._name = name or info.name
         self._what = f"{mesh._name}.{info.name}"
         self._single = len(mesh) == 1
         self._call_one_name = f"{self._what}.call_one()"
@@ -464,7 +464,7 @@ def as_endpoint(
     mesh, method = not_an_endpoint._mesh, not_an_endpoint._method
     how = "as_endpoint_port" if explicit_response_port else "as_endpoint"
     info = EndpointInfo(method, False, explicit_response_port, None)
-    return Endpoint(mesh, info, wire=f"{method}@{how}")
+    return Endpoint(mesh, info, name=f"{method}@{how}")
 
 
 def _rebuild(state: dict[str, Any]) -> ActorMesh[Any]:

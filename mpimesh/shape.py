@@ -18,9 +18,25 @@ Example:
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Self
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Self
+
+from ._shape_checks import (
+    as_index,
+    check_distinct,
+    check_ints,
+    check_labels,
+    describe,
+    infer_sizes,
+    product,
+    resolve_slice,
+    row_major_strides,
+    split_names,
+    split_size,
+    unknown,
+    unravel,
+)
+from ._shape_points import Extent, Point, Value
 
 __all__ = ["Extent", "MeshTrait", "Point", "Shape"]
 
@@ -28,280 +44,11 @@ __all__ = ["Extent", "MeshTrait", "Point", "Shape"]
 _Selector = int | slice
 _SplitValue = tuple[str, ...] | int
 
-# --- helpers
-
-
-def _describe(value: object) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
-def _names(labels: Sequence[str]) -> str:
-    return ", ".join(repr(label) for label in labels)
-
-
-def _as_index(value: object) -> int | None:
-    """Return ``value`` as an int, or None if it is a bool or not an integer."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def _unknown(kind: type[Exception], owner: str, label: str, labels: Sequence[str]) -> Exception:
-    if not labels:
-        return kind(f"{owner} has no dimension {label!r} (it has no dimensions); remove {label!r}")
-    return kind(
-        f"{owner} has no dimension {label!r} (dimensions: {_names(labels)}); use one of those names"
-    )
-
-
-def _check_distinct(labels: Sequence[str], context: str) -> None:
-    for i, label in enumerate(labels):
-        if label in labels[:i]:
-            raise ValueError(
-                f"expecting distinct dimension names {context}, got {tuple(labels)!r}; "
-                f"rename the repeated {label!r}"
-            )
-
-
-def _check_labels(labels: object, what: str) -> tuple[str, ...]:
-    fix = "pass a tuple such as ('hosts', 'gpus')"
-    if isinstance(labels, str) or not isinstance(labels, Iterable):
-        raise TypeError(
-            f"expecting a sequence of str labels for {what}, got {_describe(labels)}; {fix}"
-        )
-    result = tuple(labels)
-    for label in result:
-        if not isinstance(label, str):
-            raise TypeError(f"expecting str labels for {what}, got {_describe(label)}; {fix}")
-    _check_distinct(result, f"for {what}")
-    return result
-
-
-def _check_ints(values: object, labels: tuple[str, ...], kind: str, what: str) -> tuple[int, ...]:
-    """Validate one int per label; ``kind`` is "sizes" (which must be positive) or "strides"."""
-    if isinstance(values, str) or not isinstance(values, Iterable):
-        raise TypeError(
-            f"expecting a sequence of int {kind} for {what}, got {_describe(values)}; "
-            "pass one int per label"
-        )
-    values = tuple(values)
-    if len(values) != len(labels):
-        raise ValueError(
-            f"expecting {len(labels)} {kind} for labels {labels!r} of {what}, "
-            f"got {len(values)}: {values!r}; pass one int per label"
-        )
-    result = []
-    for label, value in zip(labels, values, strict=True):
-        number = _as_index(value)
-        if number is None:
-            raise TypeError(
-                f"expecting int {kind} for {what}, got {_describe(value)} for {label!r}; "
-                "pass an int"
-            )
-        if kind == "sizes" and number < 1:
-            raise ValueError(
-                f"expecting positive sizes for {what}, got {number} for {label!r}; give every "
-                "dimension at least one element"
-            )
-        result.append(number)
-    return tuple(result)
-
-
-def _row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(sizes):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
-
-
-def _unravel(rank: int, sizes: Sequence[int]) -> tuple[int, ...]:
-    coords = []
-    for size in reversed(sizes):
-        rank, coord = divmod(rank, size)
-        coords.append(coord)
-    return tuple(reversed(coords))
-
-
-def _product(sizes: Sequence[int]) -> int:
-    result = 1
-    for size in sizes:
-        result *= size
-    return result
-
-
-class _Value:
-    """Equality, hashing and pickling by the constructor arguments, ``_args()``."""
-
-    __slots__ = ()
-
-    def _args(self) -> tuple[Any, ...]:
-        raise NotImplementedError
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Value) or type(other) is not type(self):
-            return NotImplemented
-        return self._args() == other._args()
-
-    def __hash__(self) -> int:
-        return hash(self._args())
-
-    def __reduce__(self) -> tuple[type[Self], tuple[Any, ...]]:
-        return (type(self), self._args())
-
-
-# --- Extent and Point
-
-
-class Extent(_Value, Mapping[str, int]):
-    """The ordered sizes of a mesh's named dimensions.
-
-    An immutable mapping from label to size in dimension order, compared and
-    hashed by ``(labels, sizes)``; it pickles.
-
-    Args:
-        labels: Distinct dimension names, outermost first.
-        sizes: One positive size per label.
-
-    Raises:
-        TypeError: If a label is not a str or a size is not an int.
-        ValueError: If labels repeat, the lengths differ or a size is below 1.
-
-    Example:
-        >>> extent = Extent(("hosts", "gpus"), (1, 4))
-        >>> extent, extent["gpus"], extent.nelements
-        (Extent({'hosts': 1, 'gpus': 4}), 4, 4)
-    """
-
-    __slots__ = ("_index", "_labels", "_nelements", "_sizes")
-
-    def __init__(self, labels: Iterable[str], sizes: Iterable[int]) -> None:
-        self._labels = _check_labels(labels, "Extent")
-        self._sizes = _check_ints(sizes, self._labels, "sizes", "Extent")
-        self._index = {label: i for i, label in enumerate(self._labels)}
-        self._nelements = _product(self._sizes)
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        """The dimension names, outermost first."""
-        return self._labels
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """The dimension sizes, in label order."""
-        return self._sizes
-
-    @property
-    def nelements(self) -> int:
-        """The number of points: the product of the sizes (1 with no dimensions)."""
-        return self._nelements
-
-    def _position(self, label: str, owner: object) -> int:
-        if label not in self._index:
-            raise _unknown(KeyError, repr(owner), label, self._labels)
-        return self._index[label]
-
-    def __getitem__(self, label: str) -> int:
-        return self._sizes[self._position(label, self)]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._labels)
-
-    def __len__(self) -> int:
-        return len(self._labels)
-
-    def _args(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        return (self._labels, self._sizes)
-
-    def __repr__(self) -> str:
-        return f"Extent({dict(zip(self._labels, self._sizes, strict=True))!r})"
-
-
-class Point(_Value, Mapping[str, int]):
-    """One position in an :class:`Extent`: an immutable mapping from label to coordinate.
-
-    The coordinates are the row-major decomposition of ``rank`` (the last
-    dimension varies fastest). Compared and hashed by ``(rank, extent)``; it
-    pickles. Looking up a missing label raises KeyError naming the point.
-
-    Args:
-        rank: Flat row-major index within ``extent``.
-        extent: The extent the point lies in.
-
-    Raises:
-        TypeError: If ``extent`` is not an Extent or ``rank`` is not an int.
-        ValueError: If ``rank`` is outside ``[0, extent.nelements)``.
-
-    Example:
-        >>> point = Point(3, Extent(("hosts", "gpus"), (2, 4)))
-        >>> point, point.rank, point["gpus"], point.size("gpus")
-        (Point({'hosts': 0, 'gpus': 3}), 3, 3, 4)
-    """
-
-    __slots__ = ("_coords", "_extent", "_rank")
-
-    def __init__(self, rank: int, extent: Extent) -> None:
-        if not isinstance(extent, Extent):
-            raise TypeError(
-                f"expecting an Extent for Point, got {_describe(extent)}; "
-                "build one with Extent(labels, sizes)"
-            )
-        number, last = _as_index(rank), extent.nelements - 1
-        if number is None:
-            raise TypeError(
-                f"expecting an int rank for Point in {extent!r}, got {_describe(rank)}; "
-                f"pass an int from 0 to {last}"
-            )
-        if not 0 <= number <= last:
-            raise ValueError(
-                f"expecting a rank in [0, {last + 1}) for Point in {extent!r}, got {number}; "
-                f"pass a rank from 0 to {last}"
-            )
-        self._rank, self._extent = number, extent
-        self._coords = _unravel(number, extent.sizes)
-
-    @property
-    def rank(self) -> int:
-        """The flat row-major index of this point within its extent."""
-        return self._rank
-
-    @property
-    def extent(self) -> Extent:
-        """The extent this point lies in."""
-        return self._extent
-
-    def size(self, label: str) -> int:
-        """Return the size of dimension ``label``; KeyError if there is none."""
-        return self._extent.sizes[self._extent._position(label, self)]
-
-    def __getitem__(self, label: str) -> int:
-        return self._coords[self._extent._position(label, self)]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._extent.labels)
-
-    def __len__(self) -> int:
-        return len(self._coords)
-
-    def _args(self) -> tuple[int, Extent]:
-        return (self._rank, self._extent)
-
-    def __repr__(self) -> str:
-        return f"Point({dict(zip(self._extent.labels, self._coords, strict=True))!r})"
-
-    def __str__(self) -> str:
-        """Coordinate/size per dimension, as Monarch prints a rank: ``{'hosts': 0/1, 'gpus': 1/2}``."""
-        pairs = zip(self._extent.labels, self._coords, self._extent.sizes, strict=True)
-        return "{" + ", ".join(f"{label!r}: {coord}/{size}" for label, coord, size in pairs) + "}"
-
 
 # --- Shape
 
 
-class Shape(_Value):
+class Shape(Value):
     """A named, strided view into a flat base list (Monarch's Shape and NDSlice).
 
     Element ``i`` of the view, counted row-major over ``sizes``, is base index
@@ -328,13 +75,13 @@ class Shape(_Value):
     def __init__(
         self, labels: Iterable[str], offset: int, sizes: Iterable[int], strides: Iterable[int]
     ) -> None:
-        names = _check_labels(labels, "Shape")
-        self._extent = Extent(names, _check_ints(sizes, names, "sizes", "Shape"))
-        self._strides = _check_ints(strides, names, "strides", "Shape")
-        number = _as_index(offset)
+        names = check_labels(labels, "Shape")
+        self._extent = Extent(names, check_ints(sizes, names, "sizes", "Shape"))
+        self._strides = check_ints(strides, names, "strides", "Shape")
+        number = as_index(offset)
         if number is None:
             raise TypeError(
-                f"expecting an int offset for Shape, got {_describe(offset)}; pass an int"
+                f"expecting an int offset for Shape, got {describe(offset)}; pass an int"
             )
         low = number + sum(
             min(0, (n - 1) * s) for n, s in zip(self.sizes, self._strides, strict=True)
@@ -353,9 +100,9 @@ class Shape(_Value):
     @classmethod
     def row_major(cls, labels: Iterable[str], sizes: Iterable[int]) -> Shape:
         """Return the dense shape over base indices ``0 .. prod(sizes) - 1``."""
-        names = _check_labels(labels, "Shape")
-        dims = _check_ints(sizes, names, "sizes", "Shape")
-        return cls(names, 0, dims, _row_major_strides(dims))
+        names = check_labels(labels, "Shape")
+        dims = check_ints(sizes, names, "sizes", "Shape")
+        return cls(names, 0, dims, row_major_strides(dims))
 
     def dense(self) -> Shape:
         """Return the row-major shape with these labels and sizes: this one if it already is.
@@ -368,7 +115,7 @@ class Shape(_Value):
         dense = self._dense
         if dense is None:
             # a shape never changes: found once (every call() asks); True: this one (no cycle)
-            if self._offset == 0 and self._strides == _row_major_strides(self._extent.sizes):
+            if self._offset == 0 and self._strides == row_major_strides(self._extent.sizes):
                 dense = True
             else:
                 dense = Shape.row_major(self._extent.labels, self._extent.sizes)
@@ -426,7 +173,7 @@ class Shape(_Value):
             TypeError: If ``rank`` is not an int.
             IndexError: If ``rank`` is outside ``[0, len(self))``.
         """
-        coords = _unravel(self._check_rank(rank), self.sizes)
+        coords = unravel(self._check_rank(rank), self.sizes)
         return self._offset + sum(c * s for c, s in zip(coords, self._strides, strict=True))
 
     def local_rank(self, base_index: int) -> int:
@@ -437,7 +184,7 @@ class Shape(_Value):
         """
         if self._inverse is None:
             self._inverse = {base: i for i, base in enumerate(self.ranks())}
-        if _as_index(base_index) is None or base_index not in self._inverse:
+        if as_index(base_index) is None or base_index not in self._inverse:
             raise ValueError(
                 f"expecting a base index in {self!r}, got {base_index!r}; use one of shape.ranks()"
             )
@@ -453,7 +200,7 @@ class Shape(_Value):
 
     def is_dense(self) -> bool:
         """Return whether the view is one contiguous, increasing run of base indices."""
-        dense = _row_major_strides(self.sizes)
+        dense = row_major_strides(self.sizes)
         return all(
             n == 1 or s == d for n, s, d in zip(self.sizes, self._strides, dense, strict=True)
         )
@@ -477,15 +224,15 @@ class Shape(_Value):
             d = self._dim(label, who)
             size, stride = sizes[d], strides[d]
             if isinstance(selector, slice):
-                start, step, count = _resolve_slice(selector, label, size, who)
+                start, step, count = resolve_slice(selector, label, size, who)
                 offset, sizes[d], strides[d] = offset + start * stride, count, stride * step
                 continue
-            index = _as_index(selector)
+            index = as_index(selector)
             if index is None:
                 fix = f"pass e.g. {label}=0 or {label}=slice(0, {size})"
                 raise TypeError(
                     f"expecting an int or a slice for dimension {label!r} of {who}, got "
-                    f"{_describe(selector)}; {fix}"
+                    f"{describe(selector)}; {fix}"
                 )
             if not -size <= index < size:
                 raise IndexError(
@@ -520,20 +267,20 @@ class Shape(_Value):
         given: dict[str, int] = {}
         for key, value in spec.items():
             if key in self._extent:
-                groups[key] = _split_names(key, value, who)
+                groups[key] = split_names(key, value, who)
             elif isinstance(value, (tuple, list)):
-                raise _unknown(TypeError, who, key, self.labels)
+                raise unknown(TypeError, who, key, self.labels)
             else:
-                given[key] = _split_size(key, value, who)
+                given[key] = split_size(key, value, who)
         labels: list[str] = []
         sizes: list[int] = []
         strides: list[int] = []
         for label, size, stride in zip(self.labels, self.sizes, self._strides, strict=True):
             names = groups.get(label, (label,))
-            new_sizes = _infer_sizes(label, size, names, given, who)
+            new_sizes = infer_sizes(label, size, names, given, who)
             labels += names
             sizes += new_sizes
-            strides += [stride * s for s in _row_major_strides(new_sizes)]
+            strides += [stride * s for s in row_major_strides(new_sizes)]
         for key, value in given.items():
             if key not in labels:
                 dim = self.labels[0] if self.labels else "dim"
@@ -542,7 +289,7 @@ class Shape(_Value):
                     f"{key}={value}; name {key!r} in a tuple, e.g. {dim}=({dim!r}, {key!r}), "
                     "or remove it"
                 )
-        _check_distinct(labels, f"after split of {who}")
+        check_distinct(labels, f"after split of {who}")
         return Shape(labels, self._offset, sizes, strides)
 
     def flatten(self, name: str, owner: str | None = None) -> Shape:
@@ -557,12 +304,12 @@ class Shape(_Value):
         who = repr(self) if owner is None else owner
         if not isinstance(name, str):
             raise TypeError(
-                f"expecting a str dimension name to flatten {who}, got {_describe(name)}; "
+                f"expecting a str dimension name to flatten {who}, got {describe(name)}; "
                 "pass a name such as 'rank'"
             )
         if not self.is_dense():
             raise ValueError(
-                f"expecting dense strides {_row_major_strides(self.sizes)!r} to flatten {who}, "
+                f"expecting dense strides {row_major_strides(self.sizes)!r} to flatten {who}, "
                 f"got {self._strides!r}; flatten before slicing with a step, then slice the "
                 "flat dimension"
             )
@@ -582,22 +329,22 @@ class Shape(_Value):
             if not isinstance(new, str):
                 raise TypeError(
                     f"expecting a str new name for dimension {old!r} in rename of {who}, got "
-                    f"{_describe(new)}; pass e.g. {old}='new_name'"
+                    f"{describe(new)}; pass e.g. {old}='new_name'"
                 )
             labels[d] = new
-        _check_distinct(labels, f"after rename of {who}")
+        check_distinct(labels, f"after rename of {who}")
         return Shape(labels, self._offset, self.sizes, self._strides)
 
     def _dim(self, label: str, owner: str) -> int:
         if label not in self._extent:
-            raise _unknown(TypeError, owner, label, self.labels)
+            raise unknown(TypeError, owner, label, self.labels)
         return self.labels.index(label)
 
     def _check_rank(self, rank: int) -> int:
-        number, n = _as_index(rank), len(self)
+        number, n = as_index(rank), len(self)
         if number is None:
             raise TypeError(
-                f"expecting an int local rank for {self!r}, got {_describe(rank)}; "
+                f"expecting an int local rank for {self!r}, got {describe(rank)}; "
                 f"pass an int from 0 to {n - 1}"
             )
         if not 0 <= number < n:
@@ -616,84 +363,6 @@ class Shape(_Value):
             f"sizes={self.sizes!r}, strides={self._strides!r})"
         )
 
-
-def _resolve_slice(selector: slice, label: str, size: int, owner: str) -> tuple[int, int, int]:
-    """Return ``(start, step, count)`` of ``selector`` on a dimension of ``size``."""
-    what = f"dimension {label!r} of {owner}"
-    if any(
-        p is not None and _as_index(p) is None
-        for p in (selector.start, selector.stop, selector.step)
-    ):
-        raise TypeError(
-            f"expecting int or None slice bounds for {what}, got {selector!r}; pass e.g. "
-            f"{label}=slice(0, {size})"
-        )
-    if selector.step is not None and _as_index(selector.step) == 0:
-        raise ValueError(
-            f"expecting a non-zero slice step for {what}, got {selector!r}; use a step of 1 or -1"
-        )
-    start, stop, step = selector.indices(size)
-    count = len(range(start, stop, step))
-    if count == 0:
-        raise IndexError(
-            f"expecting a slice that selects at least one index of dimension {label!r} of size "
-            f"{size} in {owner}, got {selector!r}; pass e.g. {label}=slice(0, {size})"
-        )
-    return start, step, count
-
-
-def _split_names(label: str, value: object, owner: str) -> tuple[str, ...]:
-    if not isinstance(value, (tuple, list)) or not all(isinstance(n, str) for n in value):
-        raise TypeError(
-            f"expecting a tuple of new dimension names for {label!r} in split of {owner}, got "
-            f"{_describe(value)}; pass e.g. {label}=('outer', 'inner')"
-        )
-    if not value:
-        raise ValueError(
-            f"expecting at least one new dimension name for {label!r} in split of {owner}, got (); "
-            f"to drop a dimension use slice({label}=0)"
-        )
-    return tuple(value)
-
-
-def _split_size(name: str, value: object, owner: str) -> int:
-    size = _as_index(value)
-    what = f"size for new dimension {name!r} in split of {owner}"
-    if size is None:
-        raise TypeError(f"expecting an int {what}, got {_describe(value)}; pass e.g. {name}=2")
-    if size < 1:
-        raise ValueError(f"expecting a positive {what}, got {size}; pass a size of at least 1")
-    return size
-
-
-def _infer_sizes(
-    label: str, size: int, names: tuple[str, ...], given: Mapping[str, int], owner: str
-) -> list[int]:
-    """Return the sizes of ``names``, which replace dimension ``label`` of ``size``."""
-    unsized = [n for n in names if n not in given]
-    if len(unsized) > 1:
-        raise ValueError(
-            f"expecting at most one new dimension without a size when splitting {label!r} of "
-            f"{owner} into {names!r}, got {len(unsized)}: {_names(unsized)}; pass a size for "
-            f"{_names(unsized[1:])}"
-        )
-    known = _product([given[n] for n in names if n in given])
-    shown = f"{', '.join(f'{n}={given[n]}' for n in names if n in given)} (product {known})"
-    old = f"{size}, the size of dimension {label!r} in {owner}"
-    if unsized and size % known:
-        raise ValueError(
-            f"expecting the given sizes of {names!r} to divide {old}, got {shown}; choose sizes "
-            f"whose product divides {size}"
-        )
-    if not unsized and known != size:
-        raise ValueError(
-            f"expecting the sizes of {names!r} to multiply to {old}, got {shown}; choose sizes "
-            f"whose product is {size}"
-        )
-    return [given[n] if n in given else size // known for n in names]
-
-
-# --- MeshTrait
 
 
 class MeshTrait:
@@ -755,9 +424,9 @@ class MeshTrait:
         if not isinstance(dim, Sequence) or not all(isinstance(d, str) for d in dim):
             raise TypeError(
                 f"expecting None, a dimension name or a sequence of names for size() of {self!r}, "
-                f"got {_describe(dim)}; pass e.g. size(('hosts', 'gpus'))"
+                f"got {describe(dim)}; pass e.g. size(('hosts', 'gpus'))"
             )
-        return _product([shape.sizes[shape._dim(d, repr(self))] for d in dim])
+        return product([shape.sizes[shape._dim(d, repr(self))] for d in dim])
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -1,7 +1,7 @@
 /* post.c - the router's send path in C, for a frame that leaves at once.
  *
- * NativeRouter.send (mpimesh/_transport/native_router.py) hands a frame here.
- * One call does what Router.send and Router._post (mpimesh/_transport/router.py)
+ * NativeWire.send (mpimesh/_transport/wire_native.py) hands a frame here.
+ * One call does what Mpi4pyWire.send and Outbox.post (mpimesh/_transport/outbox.py)
  * do in Python for such a frame: pickle it, then, under the send lock, count
  * it, look at its destination's coalescing state, start the send and test it,
  * ring a doorbell after a pause and reap the sends still in flight, with no
@@ -10,7 +10,7 @@
  *   Out(link, rank)  one destination's coalescing state (the router keeps
  *       one per process it sends to): `frames` held back for a batch, when
  *       it was `last` sent to, and the router's poll count (`polls`) then;
- *       Python's batching code (Router._hold, _release, flush) reads and
+ *       Python's batching code (Outbox._hold, _release, flush) reads and
  *       writes the same members;
  *   Sender(lock, tag, batching, burst, ring_after, failed_classes)
  *       sender.post(out, frame, polls) -> None | bytes
@@ -18,7 +18,7 @@
  *           wait: frames are held for `out` already, or it follows the last
  *           send to `out` within `burst` seconds with no poll in between
  *           (`polls` unchanged) and `batching` is on.  Then it returns the
- *           pickle, for Router._post to hold.  After a pause of `ring_after`
+ *           pickle, for Outbox.post to hold.  After a pause of `ring_after`
  *           seconds, calls `sender.ring(out)` (under the lock).  Sends that
  *           do not complete at once are kept, with their bytes, until
  *           `reap()` (called by every post) finds them complete.
@@ -26,7 +26,7 @@
  *
  * An MPI error raises mpi4py's MPI.Exception; a send that completes with an
  * error of one of `failed_classes` (a peer died, ULFM) is dropped, as
- * Router._reap does.
+ * Outbox._reap does.
  */
 #include "wire.h"
 
@@ -38,7 +38,7 @@
 
 typedef struct {
     PyObject_HEAD
-    PyObject *link;   /* the router's _Link */
+    PyObject *link;   /* the router's Link */
     PyObject *frames; /* list of pickled frames held back */
     MPI_Comm comm;
     int rank;

@@ -1,7 +1,7 @@
 /* pump.c - the router's receive path in C: receive, unpickle, dispatch.
  *
- * NativeRouter.poll (mpimesh/_transport/native_router.py) calls this for what
- * Router._poll (mpimesh/_transport/router.py) does in Python: probe, receive,
+ * NativeWire.poll (mpimesh/_transport/wire_native.py) calls this for what
+ * Mpi4pyWire._poll (mpimesh/_transport/wire_mpi4py.py) does in Python: probe, receive,
  * unpickle, expand BATCH frames, take the raw buffers that follow a frame,
  * note who was heard from, then call each frame's handler.  A Pump does it
  * in one call, with no Python step per frame but the handler's
@@ -187,7 +187,7 @@ static int append3(PyObject *got, PyObject *a, PyObject *b, PyObject *c) {
     return rc;
 }
 
-/* One received frame (a new reference, consumed) into got, as Router._take does. */
+/* One received frame (a new reference, consumed) into got, as Mpi4pyWire._take does. */
 static int take(Pump *self, PyObject *got, int index, int src, PyObject *frame) {
     PyObject *source = source_of(self, index, src), *buffers;
     long kind;

@@ -17,7 +17,7 @@
  *
  * The MPI types come from the headers this was built with: the Python side
  * (mpimesh/_transport/native.py) binds only when the loaded library is of the
- * same vendor and major version; otherwise the process gets the mpi4py Router.
+ * same vendor and major version; otherwise the process gets the mpi4py wire.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -43,15 +43,15 @@ _HEAD = struct.Struct("<8x2q")
 class Entries(Sequence[Entry]):
     """Packed entries (see the module): a read-only sequence of ``(rank, address, sequence)``."""
 
-    __slots__ = ("wire",)
+    __slots__ = ("packed",)
 
-    def __init__(self, wire: bytes) -> None:
-        if len(wire) % _SIZE:
-            raise ValueError(f"packed cast entries need a multiple of {_SIZE} bytes, got {len(wire)}")
-        self.wire = wire
+    def __init__(self, packed: bytes) -> None:
+        if len(packed) % _SIZE:
+            raise ValueError(f"packed cast entries need a multiple of {_SIZE} bytes, got {len(packed)}")
+        self.packed = packed
 
     def __len__(self) -> int:
-        return len(self.wire) // _SIZE
+        return len(self.packed) // _SIZE
 
     @overload
     def __getitem__(self, index: int) -> Entry: ...
@@ -64,44 +64,44 @@ class Entries(Sequence[Entry]):
         if isinstance(index, slice):
             start, stop, step = index.indices(n)
             if step != 1:
-                return Entries(b"".join(self.wire[i * _SIZE:(i + 1) * _SIZE] for i in range(start, stop, step)))
-            return Entries(self.wire[start * _SIZE:max(start, stop) * _SIZE])
+                return Entries(b"".join(self.packed[i * _SIZE:(i + 1) * _SIZE] for i in range(start, stop, step)))
+            return Entries(self.packed[start * _SIZE:max(start, stop) * _SIZE])
         if index < 0:
             index += n
         if not 0 <= index < n:
             raise IndexError(f"entry {index} of {n}")
-        rank, island, proc, number = _ENTRY.unpack_from(self.wire, index * _SIZE)
+        rank, island, proc, number = _ENTRY.unpack_from(self.packed, index * _SIZE)
         return (rank, (island, proc), number)
 
     @property
     def head(self) -> Addr:
         """The first entry's address: where a subtree's ``CAST`` goes."""
-        if not self.wire:
+        if not self.packed:
             raise IndexError("no entries")
-        return _HEAD.unpack_from(self.wire)
+        return _HEAD.unpack_from(self.packed)
 
     def __iter__(self) -> Iterator[Entry]:
-        for rank, island, proc, number in _ENTRY.iter_unpack(self.wire):
+        for rank, island, proc, number in _ENTRY.iter_unpack(self.packed):
             yield (rank, (island, proc), number)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Entries):
-            return self.wire == other.wire
+            return self.packed == other.packed
         if isinstance(other, Sequence):
             return list(self) == list(other)
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self.wire)
+        return hash(self.packed)
 
     def __repr__(self) -> str:
         return f"Entries({list(self)!r})"
 
 
 def pack(entries: Iterable[Entry]) -> bytes:
-    """The wire form of ``entries`` (already packed ones are passed through)."""
+    """The packed form of ``entries`` (already packed ones are passed through)."""
     if isinstance(entries, Entries):
-        return entries.wire
+        return entries.packed
     return b"".join(_ENTRY.pack(rank, addr[0], addr[1], number) for rank, addr, number in entries)
 
 

@@ -64,7 +64,7 @@ class Fold:
     where ``merge`` is ``op``).
     """
 
-    __slots__ = ("identity", "combine", "merge", "_wire")
+    __slots__ = ("identity", "combine", "merge", "_pickled")
 
     def __init__(self, identity: Any, combine: Callable[[Any, Any], Any] | None,
                  merge: Callable[[Any, Any], Any], what: str) -> None:
@@ -72,7 +72,7 @@ class Fold:
         self.combine = combine
         self.merge = merge
         try:
-            self._wire: bytes = cloudpickle.dumps((identity, combine, merge))
+            self._pickled: bytes = cloudpickle.dumps((identity, combine, merge))
         except Exception as exc:
             raise TypeError(
                 f"{what}: the fold cannot be pickled to run in the tree ({exc}); "
@@ -80,17 +80,17 @@ class Fold:
             ) from exc
 
     @classmethod
-    def load(cls, wire: bytes) -> Fold:
-        """The fold a cast carries (see :meth:`wire`)."""
-        identity, combine, merge = _serialize.loads(wire)
+    def load(cls, pickled: bytes) -> Fold:
+        """The fold a cast carries (see :attr:`pickled`)."""
+        identity, combine, merge = _serialize.loads(pickled)
         fold = cls.__new__(cls)
-        fold.identity, fold.combine, fold.merge, fold._wire = identity, combine, merge, wire
+        fold.identity, fold.combine, fold.merge, fold._pickled = identity, combine, merge, pickled
         return fold
 
     @property
-    def wire(self) -> bytes:
+    def pickled(self) -> bytes:
         """The fold, pickled: what a cast carries in place of its ``gather`` mode."""
-        return self._wire
+        return self._pickled
 
     def leaf(self, value: Any) -> Any:
         """One reply as a partial."""
@@ -192,7 +192,7 @@ class Folded(Receiver):
         self.shape = shape
         self.what = what
         self.fold = fold
-        self.gather = fold.wire
+        self.gather = fold.pickled
         self._sources = list(sources)
         self.n = len(self._sources)
         self.pending: set[Addr] = set(self._sources)

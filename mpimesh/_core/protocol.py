@@ -1,4 +1,4 @@
-"""The wire protocol: one table of message kinds, one constructor per kind.
+"""The frame protocol: one table of message kinds, one constructor per kind.
 
 Every frame is a pickled tuple ``(kind, bufsizes, *fields)`` (see
 ``mpimesh._transport.frames``).  Each kind is declared once, below, in the
@@ -8,7 +8,7 @@ these constructors; handlers unpack them by name on their first line::
 
     _, _, key, method, args, reply_port, point, *site = frame
 
-Frames stay plain tuples on the wire (a class would cost a pickle of its
+Frames stay plain tuples when sent (a class would cost a pickle of its
 reference per frame); the constructors are what keeps their layouts in one
 place.  A kind's fields are documented on its constructor.
 """

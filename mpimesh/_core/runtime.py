@@ -9,7 +9,7 @@ fresh-id counter.  Deaths are reconciled by :class:`~.failures.Failures`.
 What differs between the controller and the workers is a :class:`Role`
 object (``mpimesh._roles``) that registers its own handlers; the runtime
 reaches it only through that protocol.  ``_roles.boot`` builds the two and
-wires them together.
+connects them.
 """
 
 from __future__ import annotations

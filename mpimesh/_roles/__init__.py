@@ -9,5 +9,5 @@ workers of other hosts; ``hostwatch`` is the worker's side) and
 controller's watch on its workers), ``exits`` (how a process ended),
 ``job_status`` (the job's exit status under ULFM), ``interactive`` (a
 controller that is a Jupyter kernel or a prompt), and ``boot``, which builds
-a runtime and its role and wires them together.
+a runtime and its role and connects them.
 """

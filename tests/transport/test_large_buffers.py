@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mpitest import mpiexec_cmd, python_cmd, run
 
-from mpimesh._transport.router import pieces
+from mpimesh._transport.buffers import pieces
 
 SCRIPT = r'''
 import torch

@@ -1,6 +1,6 @@
-"""The routers (``Router``, ``NativeRouter``) and the factory that picks one, against real MPI.
+"""The router over each wire (``Mpi4pyWire``, ``NativeWire``) and the factory that picks one, against real MPI.
 
-Each router test runs on both classes, in this process (an MPI singleton), on
+Each router test runs on both wires, in this process (an MPI singleton), on
 a duplicate of ``COMM_SELF`` standing for island 0: a router at ``(0, 0)``
 sends to itself without MPI (frames to this very process), one at ``(0, 1)``
 sends its frames to ``(0, 0)`` through MPI, to itself.
@@ -13,7 +13,7 @@ import inspect
 import os
 import pickle
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +24,12 @@ from mpimesh._transport import native as binding
 from mpimesh._transport.bell import RING_AFTER
 from mpimesh._transport.mpi import MPI
 from mpimesh._transport.router import Router
+from mpimesh._transport.wire import Wire
+from mpimesh._transport.wire_mpi4py import Mpi4pyWire
 from mpimesh.config import settings
+
+#: a wire class: made as ``cls(addr, handlers, failed, broken, names=...)``
+WireClass = Callable[..., Wire]
 
 
 @pytest.fixture()
@@ -37,28 +42,28 @@ def comm() -> Iterator[MPI.Intracomm]:
     c.Free()
 
 
-def _native_class() -> type[Router]:
+def _native_class() -> WireClass:
     if os.environ.get("MPIMESH_WIRE") == "mpi4py":
         pytest.skip("MPIMESH_WIRE=mpi4py")
     if not binding.bind():
         pytest.skip(binding.why_not)
-    from mpimesh._transport.native_router import NativeRouter
+    from mpimesh._transport.wire_native import NativeWire
 
-    return NativeRouter
+    return NativeWire
 
 
-@pytest.fixture(params=["Router", "NativeRouter"])
-def router_class(request: pytest.FixtureRequest) -> type[Router]:
-    """Each router test runs on the mpi4py path and on the native one."""
-    return Router if request.param == "Router" else _native_class()
+@pytest.fixture(params=["Mpi4pyWire", "NativeWire"])
+def wire_class(request: pytest.FixtureRequest) -> WireClass:
+    """Each router test runs on the mpi4py wire and on the native one."""
+    return Mpi4pyWire if request.param == "Mpi4pyWire" else _native_class()
 
 
 ROUTER_ADDRS = pytest.mark.parametrize("addr", [(0, 0), (0, 1)], ids=["to-itself", "through-mpi"])
 
 
-def _router(cls: type[Router], comm: MPI.Intracomm, handlers: dict[int, Any], broken: list[str],
+def _router(cls: WireClass, comm: MPI.Intracomm, handlers: dict[int, Any], broken: list[str],
             addr: tuple[int, int] = (0, 0)) -> Router:
-    router = cls(addr, handlers, broken=broken.append, names=NAMES)
+    router = Router(addr, cls(addr, handlers, broken=broken.append, names=NAMES))
     router.add_island(comm, 0)
     return router
 
@@ -78,72 +83,63 @@ def _unbind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(binding, "why_not", binding.why_not)
 
 
-# --- the shape: one class per I/O path, one factory -----------------------------
+# --- the shape: one router over one wire per I/O path, one factory -----------------
 
 
-def test_the_factory_picks_the_native_router_when_it_binds() -> None:
-    """make_router: a NativeRouter where the native part binds (Open MPI with a matching build)."""
+def test_the_factory_picks_the_native_wire_when_it_binds() -> None:
+    """make_router: a Router over a NativeWire where the native part binds (Open MPI with a matching build)."""
     cls = _native_class()
     router = make_router((0, 0), {})
-    assert type(router) is cls and isinstance(router, Router)
+    assert type(router) is Router and type(router.wire) is cls
 
 
-def test_the_factory_picks_the_mpi4py_router_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MPIMESH_WIRE=mpi4py (or a native part that does not bind): a plain Router."""
+def test_the_factory_picks_the_mpi4py_wire_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MPIMESH_WIRE=mpi4py (or a native part that does not bind): an Mpi4pyWire."""
     _unbind(monkeypatch)
     monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="mpi4py"))
-    assert type(make_router((0, 0), {})) is Router
+    assert type(make_router((0, 0), {}).wire) is Mpi4pyWire
     monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="auto"))
     monkeypatch.setattr(binding, "library", lambda: "Some MPI 1.0")
-    assert type(make_router((0, 0), {})) is Router
+    assert type(make_router((0, 0), {}).wire) is Mpi4pyWire
     monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="native"))
     with pytest.raises(RuntimeError, match=r"^MPIMESH_WIRE=native, but .*; unset MPIMESH_WIRE to fall back to mpi4py$"):
         make_router((0, 0), {})
 
 
-def test_the_native_router_needs_the_native_part(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A NativeRouter made by hand where the native part does not bind says why, and which class to use."""
+def test_the_native_wire_needs_the_native_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NativeWire made by hand where the native part does not bind says why, and which class to use."""
     cls = _native_class()
     _unbind(monkeypatch)
     monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="mpi4py"))
     with pytest.raises(RuntimeError, match=r"^the native frame path cannot be used: MPIMESH_WIRE=mpi4py; "
-                                           r"make a Router instead$"):
+                                           r"make an Mpi4pyWire instead$"):
         cls((0, 0), {})
 
 
-def _surface(cls: type) -> dict[str, str]:
-    # public name -> what it is (method, property, ...), over the class and its bases
-    out = {}
-    for name, _ in inspect.getmembers(cls):
-        if not name.startswith("_"):
-            out[name] = type(inspect.getattr_static(cls, name)).__name__
-    return out
+def test_both_wires_answer_the_wire_protocol_and_nothing_more() -> None:
+    """Each wire has the Wire protocol's public members, no others; the router's I/O methods are its wire's own."""
+    protocol = {name for name in vars(Wire) if not name.startswith("_")} | set(Wire.__annotations__)
+    for cls in (Mpi4pyWire, _native_class()):
+        wire = cls((0, 0), {})
+        assert {name for name in dir(wire) if not name.startswith("_")} == protocol, cls
+        router = Router((0, 0), wire)
+        for name in ("poll", "flush", "drain", "pending_sends", "exclusive", "watch", "lock"):
+            assert getattr(router, name) == getattr(wire, name), name  # bound once: no step per call
 
 
-def test_both_routers_answer_the_same_surface(comm: MPI.Intracomm) -> None:
-    """NativeRouter overrides Router: same public methods and properties, nothing added or bound per instance."""
-    cls = _native_class()
-    assert _surface(cls) == _surface(Router)
-    for name in ("poll", "send", "heard", "heard_controller", "ring", "sent_at", "frames_in", "frames_out"):
-        assert name in vars(cls), f"NativeRouter does not override {name}"
-    for each in (Router, cls):
-        router = _router(each, comm, {}, [])
-        # poll is the class's method, not swapped in per instance at run time
-        assert "poll" not in vars(router) and type(router).poll is each.poll
-
-
-def test_the_mpi4py_router_knows_nothing_of_the_native_part() -> None:
-    """One design per class: Router has no branch on the native objects."""
-    source = inspect.getsource(Router)
-    for word in ("_pump", "_sender", "_native", "_isend"):
-        assert word not in source
+def test_the_router_and_the_mpi4py_wire_know_nothing_of_the_native_part() -> None:
+    """One design per class: neither has a branch on the native objects."""
+    for cls in (Router, Mpi4pyWire):
+        source = inspect.getsource(cls)
+        for word in ("_pump", "_sender", "_native", "_isend"):
+            assert word not in source, (cls, word)
 
 
 # --- behaviour, the same on both --------------------------------------------------
 
 
 @ROUTER_ADDRS
-def test_a_raising_handler_is_reported_and_polling_goes_on(router_class: type[Router], comm: MPI.Intracomm,
+def test_a_raising_handler_is_reported_and_polling_goes_on(wire_class: WireClass, comm: MPI.Intracomm,
                                                            addr: tuple[int, int]) -> None:
     """A handler's exception reaches broken, named by kind and source; the next frame is handled."""
     seen: list[object] = []
@@ -152,7 +148,7 @@ def test_a_raising_handler_is_reported_and_polling_goes_on(router_class: type[Ro
     def bad(src: object, frame: tuple, buffers: list) -> None:
         raise KeyError("boom")
 
-    router = _router(router_class, comm, {Kind.LOG: bad, Kind.FAULT: lambda s, f, b: seen.append(f[2])}, broken, addr)
+    router = _router(wire_class, comm, {Kind.LOG: bad, Kind.FAULT: lambda s, f, b: seen.append(f[2])}, broken, addr)
     router.send((0, 0), (Kind.LOG, None, "x"))
     router.send((0, 0), (Kind.FAULT, None, "after"))
     assert _poll_until(router, 2) == 2
@@ -163,14 +159,14 @@ def test_a_raising_handler_is_reported_and_polling_goes_on(router_class: type[Ro
     assert (router.frames_out, router.frames_in, router.sent_at > 0) == (2 * through_mpi, 2, through_mpi)
 
 
-def test_a_kind_without_a_name_is_reported_by_number(router_class: type[Router], comm: MPI.Intracomm) -> None:
+def test_a_kind_without_a_name_is_reported_by_number(wire_class: WireClass, comm: MPI.Intracomm) -> None:
     """Without names the report gives the kind's number."""
     broken: list[str] = []
 
     def bad(src: object, frame: tuple, buffers: list) -> None:
         raise KeyError("boom")
 
-    router = router_class((0, 1), {Kind.LOG: bad}, broken=broken.append)
+    router = Router((0, 1), wire_class((0, 1), {Kind.LOG: bad}, broken=broken.append))
     router.add_island(comm, 0)
     router.send((0, 0), (Kind.LOG, None, "x"))
     assert _poll_until(router, 1) == 1
@@ -178,11 +174,11 @@ def test_a_kind_without_a_name_is_reported_by_number(router_class: type[Router],
 
 
 @ROUTER_ADDRS
-def test_every_ms_runs_and_heard_is_kept(router_class: type[Router], comm: MPI.Intracomm,
+def test_every_ms_runs_and_heard_is_kept(wire_class: WireClass, comm: MPI.Intracomm,
                                          addr: tuple[int, int]) -> None:
     """every_ms runs at most once per millisecond of polling; a tracked source's arrival is noted in heard."""
     ticks: list[float] = []
-    router = _router(router_class, comm, {Kind.FAULT: lambda s, f, b: None, Kind.PING: lambda s, f, b: None}, [],
+    router = _router(wire_class, comm, {Kind.FAULT: lambda s, f, b: None, Kind.PING: lambda s, f, b: None}, [],
                      addr)
     router.every_ms = lambda: ticks.append(time.monotonic())
     router.heard = {(0, 0): 0.0}
@@ -199,9 +195,9 @@ def test_every_ms_runs_and_heard_is_kept(router_class: type[Router], comm: MPI.I
     assert router.frames_in == 1
 
 
-def test_a_worker_notes_when_the_controller_was_heard(router_class: type[Router], comm: MPI.Intracomm) -> None:
+def test_a_worker_notes_when_the_controller_was_heard(wire_class: WireClass, comm: MPI.Intracomm) -> None:
     """With heard None, a frame from the controller moves heard_controller; the setter is read back."""
-    router = _router(router_class, comm, {Kind.FAULT: lambda s, f, b: None}, [], (0, 1))
+    router = _router(wire_class, comm, {Kind.FAULT: lambda s, f, b: None}, [], (0, 1))
     router.heard_controller = 0.0
     assert router.heard_controller == 0.0 and router.heard is None
     router.send((0, 0), (Kind.FAULT, None, "hello"))
@@ -209,10 +205,10 @@ def test_a_worker_notes_when_the_controller_was_heard(router_class: type[Router]
     assert router.heard_controller > 0.0
 
 
-def test_a_heartbeat_rings_no_doorbell(router_class: type[Router], comm: MPI.Intracomm) -> None:
+def test_a_heartbeat_rings_no_doorbell(wire_class: WireClass, comm: MPI.Intracomm) -> None:
     """send_quiet: no ring, no sent_at, and the next frame after a pause still rings (it wakes the sleeper)."""
     got: list[object] = []
-    router = _router(router_class, comm, {Kind.PING: lambda s, f, b: got.append(f),
+    router = _router(wire_class, comm, {Kind.PING: lambda s, f, b: got.append(f),
                                           Kind.FAULT: lambda s, f, b: got.append(f)}, [], (0, 1))
     rings: list[object] = []
     router.ring = rings.append
@@ -234,11 +230,11 @@ def test_a_heartbeat_rings_no_doorbell(router_class: type[Router], comm: MPI.Int
 
 
 @ROUTER_ADDRS
-def test_raw_buffers_arrive_with_their_frame(router_class: type[Router], comm: MPI.Intracomm,
+def test_raw_buffers_arrive_with_their_frame(wire_class: WireClass, comm: MPI.Intracomm,
                                              addr: tuple[int, int]) -> None:
     """A frame's raw buffers (small, and large through the pool) reach its handler as private, equal copies."""
     got: list[tuple[object, list[Any]]] = []
-    router = _router(router_class, comm, {Kind.FAULT: lambda s, f, b: got.append((f, b))}, [], addr)
+    router = _router(wire_class, comm, {Kind.FAULT: lambda s, f, b: got.append((f, b))}, [], addr)
     small, large = bytearray(b"abc"), bytearray(os.urandom(200_000))
     router.send((0, 0), (Kind.FAULT, None, "raw"), [small, large])
     router.send((0, 0), (Kind.FAULT, None, "after"))
@@ -253,13 +249,13 @@ def test_raw_buffers_arrive_with_their_frame(router_class: type[Router], comm: M
     assert router.pending_sends() == 0
 
 
-def test_a_burst_leaves_as_batches(router_class: type[Router], comm: MPI.Intracomm) -> None:
+def test_a_burst_leaves_as_batches(wire_class: WireClass, comm: MPI.Intracomm) -> None:
     """Frames to one process with no poll in between are held and leave as BATCH messages, in order."""
     if settings.batch_frames <= 1:
         pytest.skip("MPIMESH_BATCH_FRAMES=1: no batching")
     seen: list[object] = []
     holds: list[None] = []
-    router = _router(router_class, comm, {Kind.FAULT: lambda s, f, b: seen.append(f[2])}, [], (0, 1))
+    router = _router(wire_class, comm, {Kind.FAULT: lambda s, f, b: seen.append(f[2])}, [], (0, 1))
     router.on_hold = lambda: holds.append(None)
     for i in range(20):
         router.send((0, 0), (Kind.FAULT, None, i))
@@ -268,10 +264,10 @@ def test_a_burst_leaves_as_batches(router_class: type[Router], comm: MPI.Intraco
     assert router.batches_out >= 1 and len(holds) >= 1 and router.frames_out == 20
 
 
-def test_frames_to_other_islands_are_relayed(router_class: type[Router], comm: MPI.Intracomm) -> None:
+def test_frames_to_other_islands_are_relayed(wire_class: WireClass, comm: MPI.Intracomm) -> None:
     """No route to an island: a FORWARD frame to the controller, over the relay link, with the raw buffers."""
     got: list[tuple[object, list[Any]]] = []
-    router = _router(router_class, comm, {Kind.FORWARD: lambda s, f, b: got.append((f, b))}, [], (0, 1))
+    router = _router(wire_class, comm, {Kind.FORWARD: lambda s, f, b: got.append((f, b))}, [], (0, 1))
     router.set_relay(0)
     router.send((3, 2), (Kind.FAULT, None, "far"), [bytearray(b"xy")])
     assert _poll_until(router, 1) == 1
@@ -280,9 +276,9 @@ def test_frames_to_other_islands_are_relayed(router_class: type[Router], comm: M
     assert pickle.loads(inner) == (Kind.FAULT, (2,), "far")
 
 
-def test_without_a_route_or_relay_a_send_fails(router_class: type[Router], comm: MPI.Intracomm) -> None:
+def test_without_a_route_or_relay_a_send_fails(wire_class: WireClass, comm: MPI.Intracomm) -> None:
     """Once its island is removed, a process without a relay cannot be reached."""
-    router = _router(router_class, comm, {}, [], (0, 1))
+    router = _router(wire_class, comm, {}, [], (0, 1))
     assert router.islands() == [0]
     assert router.remove_island(0) is comm and router.islands() == [] and router.remove_island(0) is None
     with pytest.raises(ConnectionError, match=r"^no route from process \(0, 1\) to process \(0, 0\): its island is "

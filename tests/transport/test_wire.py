@@ -157,9 +157,9 @@ from mpimesh import Actor, endpoint, this_host
 
 
 def native_path():
-    from mpimesh._transport.native_router import NativeRouter
+    from mpimesh._transport.wire_native import NativeWire
 
-    return isinstance(_current.runtime.router, NativeRouter)
+    return isinstance(_current.runtime.router.wire, NativeWire)
 
 class Echo(Actor):
     @endpoint
