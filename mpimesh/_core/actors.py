@@ -33,7 +33,7 @@ from ..shape import Extent, Point
 from . import protocol
 from . import serialize as _serialize
 from .ports import Port, gone
-from .protocol import CONTROLLER, Frame, Key, PortRef, Status
+from .protocol import CALL_METHOD, CALL_POINT, CALL_REPLY_PORT, CONTROLLER, Frame, Key, PortRef, Status
 
 if TYPE_CHECKING:
     import asyncio
@@ -284,7 +284,7 @@ class _Actor:
                 port: PortRef | None = (site.caller, item.pid)
                 method, index = site.method, site.point[0]
             elif isinstance(item, _Call):
-                method, port, index = item.frame[3], item.frame[5], item.frame[6][0]
+                method, port, index = item.frame[CALL_METHOD], item.frame[CALL_REPLY_PORT], item.frame[CALL_POINT][0]
             else:
                 continue
             if port is not None:
