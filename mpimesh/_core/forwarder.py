@@ -4,7 +4,7 @@ A process that a ``CAST`` reaches (see ``_core.multicast`` for the caller's
 side and the scheme) forwards the rest of its entries, split into at most
 the cast's fan-out parts, each to its first entry, and hands its own call to
 its actor.  A child found dead is skipped and its part forwarded around it
-(``multicast.send_subtree``).  When the replies are gathered up the tree,
+(``trees.send_subtree``).  When the replies are gathered up the tree,
 the call goes on with a :class:`~.relays.Relay` of this process as its
 reply port.  A large argument follows the cast in ``PART`` frames, each
 forwarded as it comes (:meth:`Forwarder.on_part`).
@@ -16,7 +16,7 @@ until its turn.  A number delivered or held already keeps its first copy: a
 cast can come twice, up its tree and resent around a dead forwarder, in
 either order; the relay of the copy not delivered answers its parent with
 its children's replies alone (:meth:`~.relays.Relay.disown`).  A resend
-(``multicast.RESEND``) of a call already run is answered from the relay that
+(``trees.RESEND``) of a call already run is answered from the relay that
 ran it (:meth:`~.relays.Relay.redirect`), or reported lost.
 """
 
@@ -24,22 +24,28 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 from .._transport.buffers import copy_buffer, recv_buffer
 from . import protocol
 from .entries import Entries
 from .folds import Fold
-from .multicast import GATHER, RESEND, send_subtree, split
 from .protocol import KIND, Frame
 from .relays import KEEP, Relay, lost
+from .relays import Runtime as _RelayRuntime
+from .trees import GATHER, RESEND, send_subtree, split
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
-
-__all__ = ["Forwarder", "Statistics"]
+__all__ = ["Forwarder", "Process", "Statistics"]
 
 Addr = tuple[int, int]
+
+
+class Process(_RelayRuntime, Protocol):
+    """What forwarding needs of its process's runtime (``_core.runtime.Runtime``): a relay's, and the dispatch."""
+
+    #: kind -> handler, for the frames this forwarder delivers
+    dispatch: dict[int, Callable[[Addr, Frame, list[Any]], None]]
 
 
 class _Incoming:
@@ -68,7 +74,7 @@ class Statistics(NamedTuple):
 class Forwarder:
     """The casts that reach one process: forwarded down its subtree, delivered in order."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Process) -> None:
         self.rt = runtime
         self._lock = threading.Lock()
         # held while frames are handed on in order: two polling threads must

@@ -10,9 +10,8 @@ island (processes of one ``MPI_Comm_spawn``, or the launch world): a process
 forwards only to processes it reaches directly.  Replies go straight to the
 caller's port, as for a direct call, or up the tree (``_core.relays``).
 This module is the caller's side (:class:`Multicast`: the entries' tables,
-the numbering, the cast and its log) and the tree's shape (:func:`split`,
-:func:`plan`, :func:`send_subtree`); a receiver's side, forwarding and
-delivery in order, is ``_core.forwarder``.
+the numbering, the cast and its log); a receiver's side, forwarding and
+delivery in order, is ``_core.forwarder``; the tree's shape, ``_core.trees``.
 
 Order.  Messages from one process to another keep the order they were sent
 in, whatever path they take.  Once a process has cast to a destination
@@ -51,9 +50,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..config import settings
 from . import protocol
-from .entries import Entries, Entry, Table, pack
+from .entries import Entries, Entry, Table
 from .logs import warn
 from .protocol import CAST_FANOUT, CAST_GATHER, CAST_METHOD, CAST_REPLY_PORT, Frame, Key, PortRef
+from .trees import RESEND, plan, send_subtree, split
 
 if TYPE_CHECKING:
     import numpy as np
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from .ports import Receiver
     from .runtime import Runtime
 
-__all__ = ["DIRECT", "Entry", "GATHER", "Multicast", "RESEND", "Statistics", "plan", "send_subtree", "split"]
+__all__ = ["Multicast", "Statistics"]
 
 Addr = tuple[int, int]
 
@@ -71,39 +71,10 @@ _RETAIN = 2 * settings.heartbeat_timeout + 5.0
 #: Bytes of broadcast buffers the log keeps; older broadcasts keep only their tree.
 _RETAIN_BYTES = 1 << 30
 
-#: How a cast's replies travel (``protocol.cast``'s ``gather``).
-DIRECT, GATHER, RESEND = 0, 1, 2
 #: Casts with at least this many bytes of raw buffers go down a binary tree in PART frames ...
 STREAM_MIN = 8 << 20
 #: ... of this many bytes each.
 PIECE = 4 << 20
-
-
-def split(entries: Sequence[Entry], parts: int) -> list[Sequence[Entry]]:
-    """``entries`` in at most ``parts`` contiguous, nearly equal parts (none empty)."""
-    n = len(entries)
-    parts = max(1, min(parts, n))
-    size, extra = divmod(n, parts)
-    out = []
-    start = 0
-    for i in range(parts):
-        stop = start + size + (i < extra)
-        out.append(entries[start:stop])
-        start = stop
-    return out
-
-
-def plan(entries: Sequence[Entry], fanout: int) -> list[Sequence[Entry]]:
-    """The subtrees a caller sends to: each in one island, at most ``fanout`` of them per island group.
-
-    Every island gets at least one subtree, so a cast that spans more than
-    ``fanout`` islands leaves the caller as one message per island.
-    """
-    groups: dict[int, list[Entry]] = {}
-    for entry in entries:
-        groups.setdefault(entry[1][0], []).append(entry)
-    share = max(1, fanout // len(groups))
-    return [part for group in groups.values() for part in split(group, share)]
 
 
 class _Logged(NamedTuple):
@@ -375,38 +346,6 @@ class Multicast:
         """Counters: casts sent, forwarded, frames held for order, casts resent, broadcasts lost."""
         forwarding = self.rt.forwarder.statistics()
         return Statistics(self._casts_sent, forwarding.casts_forwarded, forwarding.held, self._resent, self._lost)
-
-
-def send_subtree(rt: Runtime, frame: Frame, subtree: Sequence[Entry], buffers: list[Any],
-                 sent: list[Addr] | None = None, unreachable: str | None = None) -> list[tuple[Addr, str]]:
-    """Send CAST ``frame`` for ``subtree`` to its first entry; around it, to its parts, if it cannot be reached.
-
-    Each process the frame reached is appended to ``sent``.  ``unreachable``:
-    why the first entry cannot be reached, when the caller's own send found
-    it so (it is not tried again).
-
-    Returns:
-        The ``(address, report)`` of each process that could not be reached.
-    """
-    dead = rt.dead
-    child = subtree.head if type(subtree) is Entries else subtree[0][1]
-    report = unreachable
-    if report is None and dead:
-        report = dead.get(child)
-    if report is None:
-        try:
-            rt.router.send(child, protocol.subtree(frame, pack(subtree)), buffers)
-            if sent is not None:
-                sent.append(child)
-            return []
-        except ConnectionError as exc:
-            report = str(exc)
-    failed = [(child, report)]
-    rest = subtree[1:]
-    if rest:
-        for part in split(rest, frame[CAST_FANOUT]):
-            failed.extend(send_subtree(rt, frame, part, buffers, sent))
-    return failed
 
 
 def _below(subtree: Sequence[Entry], addr: Addr, fanout: int) -> Sequence[Entry]:

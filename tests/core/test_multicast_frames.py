@@ -22,9 +22,10 @@ from typing import Any
 from mpimesh._core import protocol
 from mpimesh._core.entries import Entries, pack
 from mpimesh._core.forwarder import Forwarder
-from mpimesh._core.multicast import DIRECT, GATHER, RESEND, Multicast, split
+from mpimesh._core.multicast import Multicast
 from mpimesh._core.ports import PortTable
 from mpimesh._core.protocol import Frame, Kind, Status
+from mpimesh._core.trees import DIRECT, GATHER, RESEND, split
 from mpimesh.config import settings
 
 Addr = tuple[int, int]
