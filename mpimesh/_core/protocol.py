@@ -298,8 +298,8 @@ def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, 
     """Any -> actors down a tree: one CALL for each of ``entries``, ``(rank, address, sequence)``, packed.
 
     The first entry is the receiver's own; it forwards the others, split in
-    at most ``fanout`` parts (see ``_core.multicast`` and ``_core.forwarder``).  ``labels`` and
-    ``extent`` are the addressed view's, so each entry's message point is
+    at most ``fanout`` parts (see ``_core.multicast``, ``_core.forwarder``).
+    ``labels`` and ``extent`` are the addressed view's, so each entry's message point is
     ``(rank, labels, extent)``.  ``gather``: how replies travel to
     ``reply_port``, each straight there (0), up the tree (1, see
     ``_core.relays``), straight there for a resend (2), or folded on the
@@ -338,6 +338,11 @@ def seq(bufsizes: tuple[int, ...] | None, sender: Addr, sequence: int, inner: Fr
     return (_SEQ, bufsizes, sender, sequence, inner)
 
 
+def sequenced(sender: Addr, sequence: int, inner: Frame) -> Frame:
+    """``inner`` in a SEQ envelope (see :func:`seq`); its raw buffers travel with the envelope."""
+    return seq(inner[BUFSIZES], sender, sequence, inner)
+
+
 _declare(Kind.WATCH, "WATCH", "peers", "_roles.worker.Worker.on_watch")
 
 
@@ -356,11 +361,6 @@ _declare(Kind.EXITED, "EXITED", "addr cause", "_roles.controller.Controller.on_e
 def exited(addr: Addr, cause: str) -> Frame:
     """Worker -> controller: a worker of my host that I watch has exited, and why (its wait status, its last words)."""
     return (Kind.EXITED, None, addr, cause)
-
-
-def sequenced(sender: Addr, sequence: int, inner: Frame) -> Frame:
-    """``inner`` in a SEQ envelope (see :func:`seq`); its raw buffers travel with the envelope."""
-    return (_SEQ, inner[BUFSIZES], sender, sequence, inner)
 
 
 _declare(LINK, "LINK", "op peer port", "_transport.peers.Peers.on_link")
@@ -402,7 +402,7 @@ def cast_again(frame: Frame, reply_port: PortRef | None, gather: int | bytes) ->
     relay's port; a caller resends a logged cast with its replies straight back.
     """
     _, bufsizes, sender, key, method, args, _, labels, extent, fanout, _, stream, _ = frame
-    return (_CAST, bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, gather, stream, b"")
+    return cast(bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, gather, stream, b"")
 
 
 #: kind -> its name, for messages.
