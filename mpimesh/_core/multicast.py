@@ -110,6 +110,8 @@ class Multicast:
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
+        # the runtime's router, never replaced: one lookup less on every post
+        self._router = runtime.router
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         #: destination -> its place in ``_last``, the last sequence number sent there (0: none yet)
@@ -260,7 +262,7 @@ class Multicast:
         """
         if self.enrolled:
             frame = self._numbered(addr, frame)
-        self.rt.router.send(addr, frame, buffers)
+        self._router.send(addr, frame, buffers)
 
     def _numbered(self, addr: Addr, frame: Frame) -> Frame:
         # `frame` as it must travel to `addr`: in a SEQ envelope once a cast reached addr through a tree.
