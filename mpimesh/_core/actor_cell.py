@@ -27,7 +27,7 @@ from .actor_lifecycle import Lifecycle, Phase
 from .actor_mail import Addr, Call, Init, Item, Site, SiteCall, Stop, Supervise
 from .actor_runner import AsyncRunner, Handlers, SyncRunner
 from .logs import warn
-from .protocol import Key, PortRef, Status
+from .protocol import CALL_METHOD, CALL_POINT, CALL_REPLY_PORT, Key, PortRef, Status
 from .waits import Deadline
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class ActorCell:
                 port: PortRef | None = (site.caller, item.pid)
                 method, index = site.method, site.point[0]
             elif isinstance(item, Call):
-                method, port, index = item.frame[3], item.frame[5], item.frame[6][0]
+                method, port, index = item.frame[CALL_METHOD], item.frame[CALL_REPLY_PORT], item.frame[CALL_POINT][0]
             else:
                 continue
             if port is not None:

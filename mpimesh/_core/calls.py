@@ -94,9 +94,7 @@ def _post(rt: Runtime, addr: Addr, frame: Frame, buffers: list[Any], waiting: Re
         report = dead[addr]
     else:
         try:
-            if rt.multicast.enrolled:
-                frame = rt.multicast.wrap(addr, frame)
-            rt.router.send(addr, frame, buffers)
+            rt.multicast.post(addr, frame, buffers)
             return None
         except ConnectionError as exc:
             report = str(exc)

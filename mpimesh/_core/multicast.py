@@ -1,4 +1,4 @@
-"""Casts down a tree: a call to N actors leaves the caller as at most k messages.
+"""Casts down a tree, the caller's side: a call to N actors leaves the caller as at most k messages.
 
 A cast to a view of ``N >= MPIMESH_CAST_TREE_MIN`` actors is one ``CAST``
 frame per child of the caller, not N ``CALL`` frames.  A ``CAST`` carries the
@@ -8,14 +8,19 @@ rest, split into at most ``MPIMESH_CAST_FANOUT`` contiguous parts, each to
 its first entry, then hands its own call to its actor.  A subtree stays in one
 island (processes of one ``MPI_Comm_spawn``, or the launch world): a process
 forwards only to processes it reaches directly.  Replies go straight to the
-caller's port, as for a direct call.
+caller's port, as for a direct call, or up the tree (``_core.relays``).
+This module is the caller's side (:class:`Multicast`: the entries' tables,
+the numbering, the cast and its log); a receiver's side, forwarding and
+delivery in order, is ``_core.forwarder``; the tree's shape, ``_core.trees``.
 
 Order.  Messages from one process to another keep the order they were sent
 in, whatever path they take.  Once a process has cast to a destination
 through a tree, every actor message it sends there (casts, calls, stops)
 carries a per-pair sequence number: a cast's in its entry, a direct frame in
-a ``SEQ`` envelope.  The destination delivers them in sequence order and
-holds any that arrive early.  A message sent straight to a destination before
+a ``SEQ`` envelope.  Every actor-bound frame (a call, a spawn, a stop) leaves
+through one path, :meth:`Multicast.post`, which numbers it when it must be.
+The destination delivers them in sequence order and holds any that arrive
+early (``_core.forwarder``).  A message sent straight to a destination before
 the first cast that reached it through a tree carries no number: it left the
 sender before the cast did, so it arrives first unless the direct link stalls
 for longer than the cast's two hops.
@@ -43,14 +48,12 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._transport.buffers import copy_buffer, recv_buffer
 from ..config import settings
 from . import protocol
-from .entries import Entries, Entry, Table, pack
-from .folds import Fold
+from .entries import Entries, Entry, Table
 from .logs import warn
-from .protocol import Frame, Key, PortRef
-from .relays import KEEP, Relay, lost
+from .protocol import CAST_FANOUT, CAST_GATHER, CAST_METHOD, CAST_REPLY_PORT, Frame, Key, PortRef
+from .trees import RESEND, plan, send_subtree, split
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,7 +61,7 @@ if TYPE_CHECKING:
     from .ports import Receiver
     from .runtime import Runtime
 
-__all__ = ["Entry", "Multicast", "split", "plan"]
+__all__ = ["Multicast", "Statistics"]
 
 Addr = tuple[int, int]
 
@@ -68,41 +71,10 @@ _RETAIN = 2 * settings.heartbeat_timeout + 5.0
 #: Bytes of broadcast buffers the log keeps; older broadcasts keep only their tree.
 _RETAIN_BYTES = 1 << 30
 
-#: How a cast's replies travel (``protocol.cast``'s ``gather``).
-DIRECT, GATHER, RESEND = 0, 1, 2
-# positions in a CAST frame
-_PORT, _FANOUT, _GATHER, _STREAM = 6, 9, 10, 11
 #: Casts with at least this many bytes of raw buffers go down a binary tree in PART frames ...
 STREAM_MIN = 8 << 20
 #: ... of this many bytes each.
 PIECE = 4 << 20
-
-
-def split(entries: Sequence[Entry], parts: int) -> list[Sequence[Entry]]:
-    """``entries`` in at most ``parts`` contiguous, nearly equal parts (none empty)."""
-    n = len(entries)
-    parts = max(1, min(parts, n))
-    size, extra = divmod(n, parts)
-    out = []
-    start = 0
-    for i in range(parts):
-        stop = start + size + (i < extra)
-        out.append(entries[start:stop])
-        start = stop
-    return out
-
-
-def plan(entries: Sequence[Entry], fanout: int) -> list[Sequence[Entry]]:
-    """The subtrees a caller sends to: each in one island, at most ``fanout`` of them per island group.
-
-    Every island gets at least one subtree, so a cast that spans more than
-    ``fanout`` islands leaves the caller as one message per island.
-    """
-    groups: dict[int, list[Entry]] = {}
-    for entry in entries:
-        groups.setdefault(entry[1][0], []).append(entry)
-    share = max(1, fanout // len(groups))
-    return [part for group in groups.values() for part in split(group, share)]
 
 
 class _Logged(NamedTuple):
@@ -123,22 +95,6 @@ class _Logged(NamedTuple):
 _new_logged = tuple.__new__
 
 
-class _Incoming:
-    """A cast whose raw buffers arrive in PART frames, on its way to this process's actor."""
-
-    __slots__ = ("children", "buffers", "left", "call", "number", "relay", "opened")
-
-    def __init__(self, children: list[Addr], buffers: list[Any], left: int, call: Frame, number: int,
-                 relay: Relay | None) -> None:
-        self.children = children
-        self.buffers = buffers
-        self.left = left
-        self.call = call
-        self.number = number
-        self.relay = relay
-        self.opened = time.monotonic()
-
-
 class Statistics(NamedTuple):
     """Counters of one process's multicast state (see :meth:`Multicast.statistics`)."""
 
@@ -150,14 +106,13 @@ class Statistics(NamedTuple):
 
 
 class Multicast:
-    """The tree casts of one process: as caller, as forwarder and as destination."""
+    """The tree casts of one process as their caller, and the one path of its actor-bound frames (:meth:`post`)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
+        # the runtime's router, never replaced: one lookup less on every post
+        self._router = runtime.router
         self._lock = threading.Lock()
-        # held while frames are handed on in order: two polling threads must
-        # not hand on one sender's frames side by side
-        self._deliver = threading.RLock()
         self._ids = itertools.count(1)
         #: destination -> its place in ``_last``, the last sequence number sent there (0: none yet)
         self._slots: dict[Addr, int] = {}
@@ -167,18 +122,7 @@ class Multicast:
         self._log: deque[_Logged] = deque()
         # the log's length at which it is pruned next (amortized: a pass per doubling)
         self._next_prune = 64
-        #: sender -> the next sequence number to deliver from it
-        self._expected: dict[Addr, int] = {}
-        #: sender -> sequence number -> (frame to deliver, buffers, the relay its reply goes to), held until its turn
-        self._held: dict[Addr, dict[int, tuple[Frame | None, list[Any], Relay | None]]] = {}
-        self._casts_sent = self._forwarded = self._resent = self._lost = 0
-        #: (sender, sequence number) -> the relay of that cast here, kept relays.KEEP seconds
-        self._relays: dict[tuple[Addr, int], Relay] = {}
-        self._next_relay_prune = 64
-        #: (sender, cast id) -> a cast whose raw buffers are arriving in PART frames
-        self._incoming: dict[tuple[Addr, int], _Incoming] = {}
-        self._next_incoming_prune = 64
-        self._folds: dict[bytes, Fold] = {}
+        self._casts_sent = self._resent = self._lost = 0
         #: (id of a view's address list, fan-out, dead count) -> (that list, its entries' table)
         self._tables: dict[tuple[int, int, int], tuple[Sequence[Addr], Table]] = {}
 
@@ -230,24 +174,25 @@ class Multicast:
                 self._prune()
         failed = [(addr, dead[addr]) for addr in addrs if addr in dead] if dead else []
         if not streamed:
-            send = self.rt.router.send
-            head = frame[:-1]
+            send = rt.router.send
+            subtree = protocol.subtree
             for child, wire in zip(table.heads, wires, strict=True):
                 report = dead.get(child) if dead else None
                 if report is None:
                     try:
-                        send(child, (*head, wire), buffers)
+                        send(child, subtree(frame, wire), buffers)
                         continue
                     except ConnectionError as exc:
                         report = str(exc)
-                failed.extend(self._send(frame, Entries(wire), buffers, unreachable=report))  # around the child
+                # around the child
+                failed.extend(send_subtree(rt, frame, Entries(wire), buffers, unreachable=report))
             return failed
         cid = next(self._ids)
-        frame = (*frame[:_STREAM], (cid, tuple(memoryview(b).nbytes for b in buffers)), b"")
-        frame = (frame[0], None, *frame[2:])
+        stream = (cid, tuple(memoryview(b).nbytes for b in buffers))
+        frame = protocol.cast(None, me, key, method, payload, port, labels, extent, fanout, gather, stream, b"")
         children: list[Addr] = []
         for wire in wires:
-            failed.extend(self._send(frame, Entries(wire), [], children))
+            failed.extend(send_subtree(rt, frame, Entries(wire), [], children))
         self._stream(me, cid, buffers, children)
         return failed
 
@@ -305,8 +250,22 @@ class Multicast:
                     except ConnectionError:
                         pass  # a child that died: the caller resends to its subtree
 
-    def wrap(self, addr: Addr, frame: Frame) -> Frame:
-        """``frame`` as it must travel to ``addr``: in a ``SEQ`` envelope once ``addr`` is enrolled."""
+    def post(self, addr: Addr, frame: Frame, buffers: list[Any] | tuple[Any, ...] = ()) -> None:
+        """Send an actor-bound ``frame`` (a CALL, SITE_CALL, SPAWN or STOP) to ``addr``, in order with the casts.
+
+        Once a cast down a tree has reached ``addr`` from here, the frame goes
+        numbered, in a ``SEQ`` envelope, so that ``addr`` delivers it after
+        the casts sent before it, whatever their path.
+
+        Raises:
+            ConnectionError: ``addr`` cannot be reached.
+        """
+        if self.enrolled:
+            frame = self._numbered(addr, frame)
+        self._router.send(addr, frame, buffers)
+
+    def _numbered(self, addr: Addr, frame: Frame) -> Frame:
+        # `frame` as it must travel to `addr`: in a SEQ envelope once a cast reached addr through a tree.
         with self._lock:
             slot = self._slots.get(addr)
             if slot is None:
@@ -316,18 +275,17 @@ class Multicast:
             if number == 1:
                 return frame  # no cast down a tree has reached addr yet
             self._last[slot] = number
-        return protocol.seq(frame[1], self.rt.addr, number, frame)
+        return protocol.sequenced(self.rt.addr, number, frame)
 
     def dead(self, addr: Addr) -> None:
-        """``addr`` has died: resend the logged casts it was to forward; forget what it sent here."""
+        """``addr`` has died: resend the logged casts it was to forward; the forwarder forgets what it sent here."""
+        self.rt.forwarder.dead(addr)
         with self._lock:
-            self._held.pop(addr, None)
-            self._expected.pop(addr, None)
             self._prune()
             logged = list(self._log)
         for cast in logged:
             for wire in cast.wires:
-                lost = _below(Entries(wire), addr, cast.frame[_FANOUT])
+                lost = _below(Entries(wire), addr, cast.frame[CAST_FANOUT])
                 if lost:
                     self._resend(cast, lost)
 
@@ -339,15 +297,15 @@ class Multicast:
         if cast.buffers or cast.nbytes == 0 or cast.waiting is not None:
             self._resent += 1
             frame = cast.frame
-            if frame[_GATHER]:
+            if frame[CAST_GATHER]:
                 # their relays may be gone with the dead one: answers come straight back
-                frame = (*frame[:_GATHER], RESEND, None, ())
-            for subtree in plan(alive, frame[_FANOUT]):
-                self._send(frame, subtree, cast.buffers)
+                frame = protocol.cast_again(frame, frame[CAST_REPLY_PORT], RESEND)
+            for subtree in plan(alive, frame[CAST_FANOUT]):
+                send_subtree(self.rt, frame, subtree, cast.buffers)
             return
         # A broadcast whose buffers the log dropped: skip its numbers, say so.
         self._lost += 1
-        method = cast.frame[4]
+        method = cast.frame[CAST_METHOD]
         ranks = sorted(e[0] for e in alive)
         warn(f"a broadcast of {method}() to ranks {ranks} was lost with the process that was to relay it")
         for _, addr, number in alive:
@@ -386,185 +344,10 @@ class Multicast:
         self._log = kept
         self._next_prune = 2 * len(kept) + 64
 
-    # --- forwarder ----------------------------------------------------------------------------------
-
-    def _send(self, frame: Frame, subtree: Sequence[Entry], buffers: list[Any],
-              sent: list[Addr] | None = None, unreachable: str | None = None) -> list[tuple[Addr, str]]:
-        """Send ``frame`` for ``subtree`` to its first entry; around it, to its parts, if it cannot be reached.
-
-        Each process the frame reached is appended to ``sent``.  ``unreachable``:
-        why the first entry cannot be reached, when the caller's own send found
-        it so (it is not tried again).
-        """
-        dead = self.rt.dead
-        child = subtree.head if type(subtree) is Entries else subtree[0][1]
-        report = unreachable
-        if report is None and dead:
-            report = dead.get(child)
-        if report is None:
-            try:
-                self.rt.router.send(child, (*frame[:-1], pack(subtree)), buffers)
-                if sent is not None:
-                    sent.append(child)
-                return []
-            except ConnectionError as exc:
-                report = str(exc)
-        failed = [(child, report)]
-        rest = subtree[1:]
-        if rest:
-            for part in split(rest, frame[_FANOUT]):
-                failed.extend(self._send(frame, part, buffers, sent))
-        return failed
-
-    def on_cast(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        """CAST: forward the subtree's parts, then deliver this process's call in its sender's order."""
-        _, sizes, sender, key, method, payload, port, labels, extent, fanout, gather, stream, wire = frame
-        entries = Entries(wire)
-        rank, _, number = entries[0]
-        rest = entries[1:]
-        parts = split(rest, fanout) if rest else []
-        relay: Relay | None = None
-        if (gather == GATHER or type(gather) is bytes) and port is not None:
-            # this subtree's replies meet here: the actor's and one message per child reached
-            fold = None if gather == GATHER else self._fold(gather)
-            relay = Relay(self.rt, f"{method} relay", port, fold)
-            relay.pid = self.rt.ports.open(relay)
-            port = (self.rt.addr, relay.pid)
-            frame = (*frame[:_PORT], port, *frame[_PORT + 1:])
-            with self._lock:
-                self._relays[sender, number] = relay
-                if len(self._relays) >= self._next_relay_prune:
-                    self._prune_relays()
-        elif gather == RESEND:
-            with self._lock:
-                earlier = self._relays.get((sender, number))
-                delivered = number < self._expected.get(sender, 1)
-            if earlier is not None:
-                earlier.redirect(port)
-            elif delivered:
-                lost(self.rt, port, rank, method)
-        # the processes this one sends to: the first of each part, or, around
-        # a dead one, the first of each of its parts (``_send``)
-        children: list[Addr] = []
-        if stream is not None:
-            # the raw buffers follow in PART frames: forward each as it comes
-            cid, sizes = stream
-            for part in parts:
-                self._send(frame, part, [], children)
-            self._forwarded += bool(parts)
-            if relay is not None:
-                relay.arm(children)
-            call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
-            incoming = _Incoming(children, [recv_buffer(n) for n in sizes], sum(sizes), call, number, relay)
-            with self._lock:
-                self._incoming[sender, cid] = incoming
-                if len(self._incoming) >= self._next_incoming_prune:
-                    self._prune_incoming()
-            return
-        mine = buffers
-        if parts:
-            self._forwarded += 1
-            for part in parts:
-                self._send(frame, part, buffers, children)
-            if buffers:
-                # the children's sends still read these: the actor gets its own
-                mine = [copy_buffer(b) for b in buffers]
-        if relay is not None:
-            relay.arm(children)
-        call = protocol.call(sizes, key, method, payload, port, (rank, labels, extent))
-        self._in_order(sender, number, call, mine, relay)
-
-    def _fold(self, wire: bytes) -> Fold:
-        # the folds of recent casts, unpickled once each (a training loop reduces with the same few)
-        fold = self._folds.get(wire)
-        if fold is None:
-            if len(self._folds) >= 16:
-                self._folds.clear()
-            fold = self._folds[wire] = Fold.load(wire)
-        return fold
-
-    def on_part(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        """PART: forward a piece of a cast's raw buffer, copy it into place; the last one delivers the call."""
-        _, _, sender, cid, index, offset = frame
-        key = (sender, cid)
-        incoming = self._incoming.get(key)
-        if incoming is None:
-            return  # a cast given up (its sender or a forwarder died)
-        piece = buffers[0]
-        send = self.rt.router.send
-        for child in incoming.children:
-            try:
-                send(child, frame, buffers)
-            except ConnectionError:
-                pass  # a child that died: the caller resends to its subtree
-        n = memoryview(piece).nbytes
-        if n:
-            memoryview(incoming.buffers[index]).cast("B")[offset:offset + n] = memoryview(piece).cast("B")
-        incoming.left -= n
-        if incoming.left <= 0:
-            with self._lock:
-                self._incoming.pop(key, None)
-            self._in_order(sender, incoming.number, incoming.call, incoming.buffers, incoming.relay)
-
-    def _prune_incoming(self) -> None:
-        # Under the lock: forget streams older than relays.KEEP (their sender or a forwarder died).
-        horizon = time.monotonic() - KEEP
-        self._incoming = {k: i for k, i in self._incoming.items() if i.opened >= horizon}
-        self._next_incoming_prune = 2 * len(self._incoming) + 64
-
-    def _prune_relays(self) -> None:
-        # Under the lock: forget relays older than relays.KEEP.
-        horizon = time.monotonic() - KEEP
-        self._relays = {k: r for k, r in self._relays.items() if r.opened >= horizon}
-        self._next_relay_prune = 2 * len(self._relays) + 64
-
-    # --- destination --------------------------------------------------------------------------------
-
-    def on_seq(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        """SEQ: a direct frame from a sender that casts here through trees; delivered in its order."""
-        _, _, sender, number, inner = frame
-        self._in_order(sender, number, inner, buffers)
-
-    def _in_order(self, sender: Addr, number: int, frame: Frame | None, buffers: list[Any],
-                  relay: Relay | None = None) -> None:
-        # Hand on `frame` if it is the next from `sender`, with the held ones
-        # that follow it; else hold it.  None: a number skipped (a lost broadcast).
-        # A number delivered or held already keeps its first copy: a cast can
-        # come twice, up its tree and resent around a dead forwarder, in
-        # either order.  The `relay` of the copy not delivered gets no reply
-        # from this process: it sends on its children's replies alone.
-        with self._deliver:
-            with self._lock:
-                expected = self._expected.get(sender, 1)
-                held = self._held.setdefault(sender, {})
-                if number < expected or number in held:
-                    duplicate = True
-                elif number > expected:
-                    held[number] = (frame, buffers, relay)
-                    return
-                else:
-                    duplicate = False
-                    ready = [(frame, buffers)]
-                    expected += 1
-                    while expected in held:
-                        item, bufs, _ = held.pop(expected)
-                        ready.append((item, bufs))
-                        expected += 1
-                    self._expected[sender] = expected
-            if duplicate:
-                if relay is not None:
-                    relay.disown()
-                return
-            dispatch = self.rt.dispatch
-            for item, bufs in ready:
-                if item is not None:
-                    dispatch[item[0]](sender, item, bufs)
-
     def statistics(self) -> Statistics:
         """Counters: casts sent, forwarded, frames held for order, casts resent, broadcasts lost."""
-        with self._lock:
-            held = sum(len(h) for h in self._held.values())
-        return Statistics(self._casts_sent, self._forwarded, held, self._resent, self._lost)
+        forwarding = self.rt.forwarder.statistics()
+        return Statistics(self._casts_sent, forwarding.casts_forwarded, forwarding.held, self._resent, self._lost)
 
 
 def _below(subtree: Sequence[Entry], addr: Addr, fanout: int) -> Sequence[Entry]:

@@ -10,14 +10,37 @@ these constructors; handlers unpack them by name on their first line::
 
 Frames stay plain tuples when sent (a class would cost a pickle of its
 reference per frame); the constructors are what keeps their layouts in one
-place.  A kind's fields are documented on its constructor.
+place.  A kind's fields are documented on its constructor.  Code that reads
+one field of a frame away from its handler reads it by name, with the
+positions below the table (``CALL_METHOD``, ``CAST_FANOUT``, ...), and a
+frame made from another (a CAST for another subtree, or resent) is made by
+the functions next to them: no module but this one knows where a field sits.
+The kinds the transport opens itself (``BATCH``, ``FORWARD``, ``LINK``,
+``MARK``, ``PULL``) have their constructors in ``mpimesh._transport.frames``,
+re-exported here.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final, NamedTuple
 
-from .._transport.frames import BATCH, CONTROLLER, FORWARD, LINK, MARK, PING, PULL, TAG_DATA, TAG_FRAME, Addr, Frame
+from .._transport.frames import (
+    BATCH,
+    BUFSIZES,
+    CONTROLLER,
+    FORWARD,
+    KIND,
+    LINK,
+    MARK,
+    PING,
+    PULL,
+    TAG_DATA,
+    TAG_FRAME,
+    Addr,
+    Frame,
+)
+from .._transport.frames import batch as batch
+from .._transport.frames import forward as forward
 from .._transport.frames import link as link
 from .._transport.frames import mark as mark
 from .._transport.frames import pull as pull
@@ -28,9 +51,11 @@ Key = tuple[int, int, int]
 PortRef = tuple[Addr, int]
 
 __all__ = [
-    "CONTROLLER", "Frame", "Key", "KINDS", "Kind", "NAMES", "PortRef", "Spec", "Status", "TAG_DATA", "TAG_FRAME",
-    "batch", "bye", "call", "cast", "dead", "debug", "describe", "fault", "forward", "hello", "init", "link", "log",
-    "mark", "ping", "part", "reply", "seq", "shutdown", "site_call", "spawn", "stop",
+    "BUFSIZES", "CALL_METHOD", "CALL_POINT", "CALL_REPLY_PORT", "CAST_FANOUT", "CAST_GATHER", "CAST_METHOD",
+    "CAST_REPLY_PORT", "CONTROLLER", "Frame", "KIND", "Key", "KINDS", "Kind", "NAMES", "PortRef", "Spec", "Status",
+    "TAG_DATA", "TAG_FRAME", "batch", "bye", "call", "cast", "cast_again", "dead", "debug", "describe", "fault",
+    "forward", "hello", "init", "link", "log", "mark", "ping", "part", "reply", "seq", "sequenced",
+    "shutdown", "site_call", "spawn", "stop", "subtree",
     "allocate", "job_hosts", "named_actor", "release",
 ]
 
@@ -199,12 +224,8 @@ def bye(stuck: int) -> Frame:
     return (_BYE, None, stuck)
 
 
+# Any -> controller: relay the pickled inner frame to ``dest`` (between islands); made by ``frames.forward``.
 _declare(FORWARD, "FORWARD", "dest frame_bytes", "_roles.controller.Controller.on_forward")
-
-
-def forward(bufsizes: tuple[int, ...] | None, dest: Addr, frame_bytes: bytes) -> Frame:
-    """Any -> controller: relay the pickled inner frame to ``dest`` (between islands)."""
-    return (FORWARD, bufsizes, dest, frame_bytes)
 
 
 # A worker's requests to the controller about processes; each is answered on ``reply_port``.
@@ -273,12 +294,8 @@ def log(stream: int, lines: list[tuple[str, str]]) -> Frame:
     return (_LOG, None, stream, lines)
 
 
+# Any -> any: several pickled frames to one process in one message; made by ``frames.batch``.
 _declare(BATCH, "BATCH", "frames", "_core.runtime.Runtime.on_batch")
-
-
-def batch(frames: list[bytes]) -> Frame:
-    """Any -> any: several pickled frames to one process in one message."""
-    return (BATCH, None, frames)
 
 
 _declare(_SITE_CALL, "SITE_CALL", "site port_id args", "_core.actors.ActorHost.on_site_call")
@@ -302,7 +319,7 @@ def debug(op: str, arg: Any) -> Frame:
 
 
 _declare(_CAST, "CAST", "sender key method args reply_port labels extent fanout gather stream entries",
-         "_core.multicast.Multicast.on_cast")
+         "_core.forwarder.Forwarder.on_cast")
 
 
 def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, args: Any, reply_port: PortRef | None,
@@ -311,20 +328,21 @@ def cast(bufsizes: tuple[int, ...] | None, sender: Addr, key: Key, method: str, 
     """Any -> actors down a tree: one CALL for each of ``entries``, ``(rank, address, sequence)``, packed.
 
     The first entry is the receiver's own; it forwards the others, split in
-    at most ``fanout`` parts (see ``_core.multicast``).  ``labels`` and
-    ``extent`` are the addressed view's, so each entry's message point is
+    at most ``fanout`` parts (see ``_core.multicast``, ``_core.forwarder``).
+    ``labels`` and ``extent`` are the addressed view's, so each entry's message point is
     ``(rank, labels, extent)``.  ``gather``: how replies travel to
     ``reply_port``, each straight there (0), up the tree (1, see
     ``_core.relays``), straight there for a resend (2), or folded on the
     way up (a pickled ``_core.folds.Fold``).  ``stream``:
     ``None`` when the raw buffers ride with this frame, else ``(cast id,
     buffer sizes)``: they follow in PART frames.  ``entries`` (packed by
-    ``_core.entries``) comes last: a forwarder replaces it (and ``reply_port``, when gathering).
+    ``_core.entries``) comes last: each subtree's frame is :func:`subtree`'s copy with its own
+    entries; a forwarder that gathers sends :func:`cast_again`'s, its relay as ``reply_port``.
     """
     return (_CAST, bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, gather, stream, entries)
 
 
-_declare(_PART, "PART", "sender cast index offset", "_core.multicast.Multicast.on_part")
+_declare(_PART, "PART", "sender cast index offset", "_core.forwarder.Forwarder.on_part")
 
 
 def part(bufsizes: tuple[int], sender: Addr, cast: int, index: int, offset: int) -> Frame:
@@ -337,7 +355,7 @@ def part(bufsizes: tuple[int], sender: Addr, cast: int, index: int, offset: int)
     return (_PART, bufsizes, sender, cast, index, offset)
 
 
-_declare(_SEQ, "SEQ", "sender sequence inner", "_core.multicast.Multicast.on_seq")
+_declare(_SEQ, "SEQ", "sender sequence inner", "_core.forwarder.Forwarder.on_seq")
 
 
 def seq(bufsizes: tuple[int, ...] | None, sender: Addr, sequence: int, inner: Frame | None) -> Frame:
@@ -348,6 +366,11 @@ def seq(bufsizes: tuple[int, ...] | None, sender: Addr, sequence: int, inner: Fr
     ``None`` for a number skipped (a broadcast lost with its relay).
     """
     return (_SEQ, bufsizes, sender, sequence, inner)
+
+
+def sequenced(sender: Addr, sequence: int, inner: Frame) -> Frame:
+    """``inner`` in a SEQ envelope (see :func:`seq`); its raw buffers travel with the envelope."""
+    return seq(inner[BUFSIZES], sender, sequence, inner)
 
 
 _declare(Kind.WATCH, "WATCH", "peers", "_roles.worker.Worker.on_watch")
@@ -373,6 +396,44 @@ def exited(addr: Addr, cause: str) -> Frame:
 _declare(LINK, "LINK", "op peer port", "_transport.peers.Peers.on_link")
 _declare(MARK, "MARK", "sender", "_transport.peers.Peers.on_mark")
 _declare(PULL, "PULL", "token nbytes tag", "_data.pulls.Pulls.on_pull")
+
+
+# --- fields by name ---------------------------------------------------------------------------------
+# A handler unpacks its whole frame on its first line; code that reads one
+# field of a frame it holds (a call refused before its actor ran, a logged
+# cast resent) reads it at these positions, taken from the table.
+
+def _at(kind: int, field: str) -> int:
+    return 2 + KINDS[kind].fields.index(field)
+
+
+#: Positions in a CALL frame (``KIND`` and ``BUFSIZES`` are every frame's first two).
+CALL_METHOD: Final = _at(_CALL, "method")
+CALL_REPLY_PORT: Final = _at(_CALL, "reply_port")
+CALL_POINT: Final = _at(_CALL, "point")
+#: Positions in a CAST frame.
+CAST_METHOD: Final = _at(_CAST, "method")
+CAST_REPLY_PORT: Final = _at(_CAST, "reply_port")
+CAST_FANOUT: Final = _at(_CAST, "fanout")
+CAST_GATHER: Final = _at(_CAST, "gather")
+#: (the last: :func:`subtree` keeps the fields before it)
+_CAST_ENTRIES: Final = _at(_CAST, "entries")
+
+
+def subtree(frame: Frame, entries: bytes) -> Frame:
+    """The CAST ``frame`` for another subtree: the same call, with ``entries`` (packed) as its destinations."""
+    return (*frame[:_CAST_ENTRIES], entries)
+
+
+def cast_again(frame: Frame, reply_port: PortRef | None, gather: int | bytes) -> Frame:
+    """The call of CAST ``frame``, its replies to ``reply_port`` as ``gather`` says; no entries yet (:func:`subtree`).
+
+    A forwarder that gathers a subtree's replies sends the call on with its
+    relay's port; a caller resends a logged cast with its replies straight back.
+    """
+    _, bufsizes, sender, key, method, args, _, labels, extent, fanout, _, stream, _ = frame
+    return cast(bufsizes, sender, key, method, args, reply_port, labels, extent, fanout, gather, stream, b"")
+
 
 #: kind -> its name, for messages.
 NAMES: dict[int, str] = {kind: spec.name for kind, spec in KINDS.items()}

@@ -34,9 +34,10 @@ import time
 from operator import itemgetter
 from typing import Any, Protocol
 
+from . import protocol
 from .folds import Fold, Partial
 from .ports import PortTable, Receiver, unpack
-from .protocol import Frame, Kind, PortRef, Status
+from .protocol import Frame, PortRef, Status
 
 __all__ = ["KEEP", "MANY", "Relay", "compact", "lost"]
 
@@ -48,7 +49,7 @@ Item = tuple[int, int, Any, int, Addr] | tuple[int, list[Any]]
 _VALUE = Status.VALUE
 _first = itemgetter(0)
 
-_REPLY = Kind.REPLY
+_reply = protocol.reply
 
 #: REPLY status of a relay's message: the body is a list of items.
 MANY = Status.MANY
@@ -179,7 +180,7 @@ class Relay(Receiver):
                 self.partial = None
             items, buffers = compact(self.items), self.buffers
             self.items, self.buffers = [], []
-        frame: Frame = (_REPLY, tuple(memoryview(b).nbytes for b in buffers) or None, self.parent[1], -1, MANY, items)
+        frame = _reply(tuple(memoryview(b).nbytes for b in buffers) or None, self.parent[1], -1, MANY, items)
         self._send(self.parent[0], frame, buffers)
         return True
 
@@ -191,7 +192,7 @@ class Relay(Receiver):
 
     def _send_own(self, port: PortRef) -> None:
         (item, buffers) = self.own  # type: ignore[misc]
-        frame: Frame = (_REPLY, tuple(b.nbytes for b in buffers) or None, port[1], -1, MANY, [item])
+        frame = _reply(tuple(b.nbytes for b in buffers) or None, port[1], -1, MANY, [item])
         self._send(port[0], frame, buffers)
 
     def _send(self, dest: Addr, frame: Frame, buffers: list[Any]) -> None:

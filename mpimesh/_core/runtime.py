@@ -35,6 +35,7 @@ from . import serialize as _serialize
 from .actors import ActorHost
 from .failures import Failures
 from .failures import Owned as Owned
+from .forwarder import Forwarder
 from .logs import debug, warn
 from .multicast import Multicast
 from .ports import PortTable
@@ -49,7 +50,8 @@ __all__ = ["Handler", "Owned", "Role", "Runtime", "extend_sys_path"]
 #: A frame handler: ``handler(src, frame, buffers)``, called by the polling thread.
 Handler = Callable[[Addr, Frame, list[Any]], None]
 
-_REPLY, _OK, _FAILED, _VALUE = Kind.REPLY, Status.OK, Status.FAILED, Status.VALUE
+_OK, _FAILED, _VALUE = Status.OK, Status.FAILED, Status.VALUE
+_reply = protocol.reply
 
 
 def extend_sys_path(path: Iterable[str]) -> None:
@@ -110,12 +112,15 @@ class Runtime:
         self.ports = PortTable()
         self.actors = ActorHost(self)
         self.failures = Failures(self)
+        #: casts down trees as their caller, and the one path of actor-bound frames (``Multicast.post``)
         self.multicast = Multicast(self)
+        #: casts down trees as a receiver: forwarded, delivered in their senders' order
+        self.forwarder = Forwarder(self)
         #: direct links to processes of other islands (``_transport.peers``)
         self.peers = Peers(self.router, enabled())
         #: reads of RDMABuffers on other hosts, and the owner's side of them (``_data.pulls``)
         self.pulls = Pulls(self.router)
-        #: the dispatch table itself (kind -> handler), for frames delivered late (``multicast``)
+        #: the dispatch table itself (kind -> handler), for frames delivered late (``forwarder``)
         self.dispatch = self._handlers
         # The failures' own tables, read on every reply and call: no property in between.
         self.dead: dict[Addr, str] = self.failures.dead
@@ -146,9 +151,9 @@ class Runtime:
             (Kind.FAULT, self.failures.on_fault),
             (Kind.DEAD, self.failures.on_dead),
             (Kind.BATCH, self.on_batch),
-            (Kind.CAST, self.multicast.on_cast),
-            (Kind.SEQ, self.multicast.on_seq),
-            (Kind.PART, self.multicast.on_part),
+            (Kind.CAST, self.forwarder.on_cast),
+            (Kind.SEQ, self.forwarder.on_seq),
+            (Kind.PART, self.forwarder.on_part),
             (Kind.LINK, self.peers.on_link),
             (Kind.MARK, self.peers.on_mark),
             (Kind.PULL, self.pulls.on_pull),
@@ -229,8 +234,7 @@ class Runtime:
         if dest in self.dead:
             return
         try:
-            # protocol.reply's layout, written out: every plain answer takes this path
-            self.router.send(dest, (_REPLY, None, pid, index, _VALUE, value))
+            self.router.send(dest, _reply(None, pid, index, _VALUE, value))
         except ConnectionError:
             debug(f"reply to {dest} dropped: it has failed", self.addr)
 

@@ -121,7 +121,7 @@ class Procs:
                 receiver.fail(addr, rt.dead[addr])
                 continue
             try:
-                rt.send(addr, protocol.stop(None, port, i, reason))
+                rt.multicast.post(addr, protocol.stop(None, port, i, reason))
             except ConnectionError as exc:
                 receiver.fail(addr, str(exc))
         if receiver.count >= receiver.n:

@@ -8,7 +8,7 @@ between one sender and one receiver on one tag).
 
 The router reads only ``kind`` and ``bufsizes``, and opens the three kinds it
 handles itself: it builds ``BATCH`` and ``FORWARD`` frames (with the
-constructors below) and expands ``BATCH`` on receipt, and it does not count a
+constructors below, the only ones of these kinds) and expands ``BATCH`` on receipt, and it does not count a
 ``PING`` as traffic.  ``LINK`` and ``MARK`` make and switch to direct links
 between islands (:mod:`.peers`).  Every kind, with its fields, is declared in
 ``mpimesh._core.protocol``, which imports the codes below so that each kind
@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 __all__ = [
-    "Addr", "BATCH", "CONTROLLER", "FORWARD", "Frame", "LINK", "MARK", "PING", "PULL", "TAG_DATA", "TAG_FRAME", "batch",
-    "forward", "link", "mark", "pull",
+    "Addr", "BATCH", "BUFSIZES", "CONTROLLER", "FORWARD", "Frame", "KIND", "LINK", "MARK", "PING", "PULL", "TAG_DATA",
+    "TAG_FRAME", "batch", "forward", "link", "mark", "pull",
 ]
 
 #: A process's address ``(island, rank)``: island 0 is the launch world, island
@@ -29,6 +29,10 @@ __all__ = [
 Addr = tuple[int, int]
 #: A frame on the wire: ``(kind, bufsizes, *fields)``.
 Frame = tuple[Any, ...]
+
+#: Positions of the two fields every frame starts with.
+KIND: Final = 0
+BUFSIZES: Final = 1
 
 #: The controller's address.
 CONTROLLER: Final[Addr] = (0, 0)

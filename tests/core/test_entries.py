@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from mpimesh._core.entries import Entries, Table, pack
-from mpimesh._core.multicast import _below, split
+from mpimesh._core.multicast import _below
 from mpimesh._core.ports import Gather, unpack
 from mpimesh._core.protocol import Status
 from mpimesh._core.relays import compact
+from mpimesh._core.trees import split
 from mpimesh.errors import SupervisionError
 from mpimesh.future import Future
 from mpimesh.shape import Shape

@@ -24,7 +24,8 @@ import mpitest
 import pytest
 from mpitest import EXIT_BOUND, python_cmd
 
-from mpimesh._core.multicast import _below, plan, split
+from mpimesh._core.multicast import _below
+from mpimesh._core.trees import plan, split
 
 pytestmark = pytest.mark.subprocess
 

@@ -1,4 +1,4 @@
-"""One process's ``Multicast``, without MPI: frames given by hand, sends recorded.
+"""One process's ``Forwarder`` and ``Multicast``, without MPI: frames given by hand, sends recorded.
 
 A cast that reaches a process twice, up its tree and resent around a dead
 forwarder.  When a forwarder dies holding a call, the caller resends the call
@@ -21,9 +21,11 @@ from typing import Any
 
 from mpimesh._core import protocol
 from mpimesh._core.entries import Entries, pack
-from mpimesh._core.multicast import DIRECT, GATHER, RESEND, Multicast, split
+from mpimesh._core.forwarder import Forwarder
+from mpimesh._core.multicast import Multicast
 from mpimesh._core.ports import PortTable
 from mpimesh._core.protocol import Frame, Kind, Status
+from mpimesh._core.trees import DIRECT, GATHER, RESEND, split
 from mpimesh.config import settings
 
 Addr = tuple[int, int]
@@ -51,7 +53,7 @@ class Router:
 
 
 class Runtime:
-    """What ``Multicast`` and its relays use of a process's runtime; CALLs are recorded, not run."""
+    """What ``Forwarder``, ``Multicast`` and the relays use of a process's runtime; CALLs are recorded, not run."""
 
     addr = HERE
     host = "here"
@@ -62,6 +64,7 @@ class Runtime:
         self.ports = PortTable()
         self.calls: list[Frame] = []
         self.dispatch = {Kind.CALL: lambda src, frame, buffers: self.calls.append(frame)}
+        self.forwarder = Forwarder(self)  # type: ignore[arg-type]
 
     def reply(self, port: Any, index: int, status: int, value: Any) -> None:
         self.router.send(port[0], protocol.reply(None, port[1], index, status, value))
@@ -89,7 +92,7 @@ def to(rt: Runtime, dest: Addr) -> list[Frame]:
 
 def test_the_resend_comes_first_and_the_tree_copy_answers_its_parent_with_nothing() -> None:
     rt = Runtime()
-    mc = Multicast(rt)  # type: ignore[arg-type]
+    mc = rt.forwarder
     mc.on_cast(CALLER, cast(CALLER_PORT, RESEND), [])
     assert [c[5] for c in rt.calls] == [CALLER_PORT]
     mc.on_cast(FORWARDER, cast(FORWARDER_PORT, GATHER), [])
@@ -103,7 +106,7 @@ def test_the_resend_comes_first_and_the_tree_copy_answers_its_parent_with_nothin
 
 def test_the_tree_copy_comes_first_and_answers_both_ways() -> None:
     rt = Runtime()
-    mc = Multicast(rt)  # type: ignore[arg-type]
+    mc = rt.forwarder
     mc.on_cast(FORWARDER, cast(FORWARDER_PORT, GATHER), [])
     mc.on_cast(CALLER, cast(CALLER_PORT, RESEND), [])
     assert len(rt.calls) == 1, "the call ran twice"
@@ -117,7 +120,7 @@ def test_the_tree_copy_comes_first_and_answers_both_ways() -> None:
 
 def test_both_copies_wait_for_an_earlier_message_and_the_first_one_held_runs() -> None:
     rt = Runtime()
-    mc = Multicast(rt)  # type: ignore[arg-type]
+    mc = rt.forwarder
     mc.on_cast(CALLER, cast(CALLER_PORT, RESEND, number=2), [])
     mc.on_cast(FORWARDER, cast(FORWARDER_PORT, GATHER, number=2), [])
     assert rt.calls == []
@@ -131,7 +134,7 @@ def test_both_copies_wait_for_an_earlier_message_and_the_first_one_held_runs() -
 
 def test_a_copy_of_a_call_run_long_ago_is_dropped_without_running_it() -> None:
     rt = Runtime()
-    mc = Multicast(rt)  # type: ignore[arg-type]
+    mc = rt.forwarder
     mc.on_cast(CALLER, cast(CALLER_PORT, GATHER), [])
     answer(rt, rt.calls[0])
     sent = len(rt.router.sent)

@@ -79,6 +79,34 @@ def test_optional_field_constructor() -> None:
 # --- the live dispatch tables (mesh) ------------------------------------------------------------
 
 
+def test_fields_by_name() -> None:
+    """The named positions read the fields the table names, and a CAST's copies change only what they say."""
+    call = protocol.call(None, (0, 0, 1), "m", ((), {}), ((0, 0), 5), (2, ("gpus",), (4,)))
+    assert (call[protocol.CALL_METHOD], call[protocol.CALL_REPLY_PORT], call[protocol.CALL_POINT]) == (
+        "m", ((0, 0), 5), (2, ("gpus",), (4,)))
+    fields = KINDS[Kind.CAST].fields
+    assert fields[-1] == "entries", "subtree() keeps every field before the entries"
+    cast = protocol.cast((8,), (0, 0), (0, 0, 1), "m", ((), {}), ((0, 0), 5), ("gpus",), (4,), 2, 1, None, b"e")
+    named = dict(zip(fields, cast[2:], strict=True))
+    assert (cast[protocol.CAST_METHOD], cast[protocol.CAST_REPLY_PORT], cast[protocol.CAST_FANOUT],
+            cast[protocol.CAST_GATHER]) == (named["method"], named["reply_port"], named["fanout"], named["gather"])
+    assert protocol.subtree(cast, b"f") == (*cast[:-1], b"f")
+    again = protocol.cast_again(cast, ((0, 3), 7), 2)
+    assert dict(zip(fields, again[2:], strict=True)) == {**named, "reply_port": ((0, 3), 7), "gather": 2,
+                                                          "entries": b""}
+    assert again[:2] == cast[:2]
+    seq = protocol.sequenced((0, 0), 3, cast)
+    assert seq == protocol.seq((8,), (0, 0), 3, cast)
+
+
+def test_transport_kinds_are_made_once() -> None:
+    """``BATCH`` and ``FORWARD`` frames have one constructor each, the transport's, which the table re-exports."""
+    from mpimesh._transport import frames
+
+    assert protocol.batch is frames.batch
+    assert protocol.forward is frames.forward
+
+
 def dispatch_table() -> dict[int, str]:
     """This process's handler of each kind, as ``module.Class.method`` under mpimesh."""
     from mpimesh._core.current import current
