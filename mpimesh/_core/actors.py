@@ -32,6 +32,7 @@ from ..errors import MeshInternalError
 from ..shape import Extent, Point
 from . import protocol
 from . import serialize as _serialize
+from .owners import Owners
 from .ports import Port, gone
 from .protocol import CONTROLLER, Frame, Key, PortRef, Status
 
@@ -41,10 +42,6 @@ if TYPE_CHECKING:
     from ..supervision import MeshFailure
 
 __all__ = ["ActorHost"]
-
-#: Stops the meshes an actor spawned and returns the stops' futures
-#: (``calls.stop_owned``, set by that module: it sits above this one).
-stop_owned: Callable[[object, str], list[Any]] | None = None
 
 Addr = tuple[int, int]
 #: A message point as it travels: ``(rank, labels, sizes)``.
@@ -80,6 +77,9 @@ class _Runtime(Protocol):
     def reply_value(self, dest: Addr, pid: int, index: int, value: Any) -> None: ...
 
     def fault(self, key: Key, rank: int, report: str, spawner: Addr) -> None: ...
+
+    @property
+    def owners(self) -> Owners: ...
 
 
 def _point(raw: RawPoint) -> Point:
@@ -561,16 +561,10 @@ class _Actor:
         return False
 
     def _stop_owned(self) -> None:
-        # The meshes this actor spawned stop first, bottom-up (Monarch), bounded.
-        if stop_owned is None:
-            return
-        stops = stop_owned(self, f"its owner {self.actor_id} stopped")
-        deadline = time.monotonic() + settings.cleanup_timeout
-        for stop in stops:
-            try:
-                stop.get(max(0.0, deadline - time.monotonic()))
-            except Exception as exc:
-                print(f"mpimesh: actor {self.actor_id} stopping what it owns: {exc}", file=sys.stderr, flush=True)
+        # What this actor made stops first, bottom-up (Monarch), bounded: its node of the ownership tree.
+        errors = self.runtime.owners.close_actor(self, f"its owner {self.actor_id} stopped", settings.cleanup_timeout)
+        for exc in errors:
+            print(f"mpimesh: actor {self.actor_id} stopping what it owns: {exc}", file=sys.stderr, flush=True)
 
     # -- calling endpoints ---------------------------------------------------
 

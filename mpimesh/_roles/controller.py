@@ -663,6 +663,7 @@ class Controller(BaseRole):
         rt = self.rt
         cells = rt.actors.stop_all("controller exit", lambda: None, owned=False)
         rt.actors.wait_stopped(cells, settings.cleanup_timeout)
+        rt.owners.end()  # the ownership tree's root closes with the job (docs/design/ownership.md)
         # Every island and the pool stop at once: one bound for the whole job,
         # not one per island (a spawned run can have dozens).
         islands = {island: self._stop_island(island, code) for island in list(self.islands)}
