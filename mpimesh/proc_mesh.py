@@ -22,7 +22,7 @@ from ._core import hooks as _hooks
 from ._core import serialize as _serialize
 from .actor import Actor, endpoint_table
 from .actor_mesh import ActorMesh
-from .context import _install_this_proc
+from .context import register_this_proc
 from .future import Future
 from .shape import MeshTrait, Shape
 
@@ -428,5 +428,5 @@ def _spawn_here(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, An
 
 # The runtime's calls up into this module, registered once as the package is imported
 # (context, a value leaf, and the controller's named actors import no mesh module).
-_install_this_proc(this_proc)
+register_this_proc(this_proc)
 _hooks.register_spawn_here(_spawn_here)
