@@ -12,15 +12,18 @@ from .shape import Extent, Point
 
 __all__ = ["Context", "Instance", "context", "current_rank", "current_size", "current_actor_name"]
 
-# Installed by ``proc_mesh`` when it is imported (this module imports nothing
-# above the value leaves): the calling process as a 0-dimensional ProcMesh.
+# The calling process as a 0-dimensional ProcMesh: registered by ``proc_mesh``
+# when the package is imported (this module imports nothing above the value leaves).
 _this_proc: Callable[[], Any] | None = None
 
 
-def _install_this_proc(fn: Callable[[], Any]) -> None:
-    # A function, not an attribute set from outside: ``from . import context``
-    # in a sibling may give the package's ``context`` function, which has the
-    # module's name, instead of this module (it did, depending on import order).
+def register_this_proc(fn: Callable[[], Any]) -> None:
+    """Set what :attr:`Instance.proc` gives (``mpimesh.proc_mesh.this_proc``).
+
+    A function, not an attribute set from outside (``tests/layers`` forbids
+    that): ``from . import context`` in a sibling may give the package's
+    ``context`` function, which has the module's name, instead of this module.
+    """
     global _this_proc
     _this_proc = fn
 

@@ -37,9 +37,18 @@ _LAZY = ("_condition", "_waiters", "_done_callbacks")
 # Orders a lazy creation against a settle that finds none (see set_result).
 _lazy_lock = threading.Lock()
 
-# Installed by the runtime: wait(done, cond, timeout) -> bool, driving progress;
-# cond is called for the condition to sleep on, only if the wait sleeps.
-_driver: Callable[[Callable[[], bool], Callable[[], threading.Condition], float | None], bool] | None = None
+#: How a wait drives the runtime's progress: ``wait(done, cond, timeout) -> bool``;
+#: ``cond`` is called for the condition to sleep on, only if the wait sleeps.
+Driver = Callable[[Callable[[], bool], Callable[[], threading.Condition], float | None], bool]
+
+# Set by set_driver, when a runtime is installed; None: waits only sleep.
+_driver: Driver | None = None
+
+
+def set_driver(driver: Driver | None) -> None:
+    """Make every wait on a future drive ``driver`` (``_core.current.install``, at boot)."""
+    global _driver
+    _driver = driver
 
 
 class _Lazy:

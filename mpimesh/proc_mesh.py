@@ -1,4 +1,10 @@
-"""Process meshes and host meshes: where actors live."""
+"""Process meshes and host meshes: where actors live.
+
+A process mesh that ``spawn_procs`` made is adopted by its maker (the calling
+actor, or the script) in the runtime's ownership tree (``_core.owners``);
+what is attached to it (:meth:`ProcMesh.attach`) hangs under it there, and
+``stop()`` closes that first.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,12 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar, cast
 
 from ._core import calls as _calls
-from ._core import named as _named
+from ._core import hooks as _hooks
 from ._core import serialize as _serialize
 from ._core.waits import when_all
 from .actor import Actor, endpoint_table
 from .actor_mesh import ActorMesh
-from .context import _install_this_proc
+from .context import register_this_proc
 from .future import Future
 from .shape import MeshTrait, Shape
 
@@ -157,10 +163,30 @@ class ProcMesh(MeshTrait):
 
         return rank_tensors(self)
 
+    def attach(self, name: str, make: Callable[[], T], close: Callable[[T], None] | None = None) -> T:
+        """The object ``name`` kept with these processes: made by ``make()`` on first use, from any view of this mesh.
+
+        The object lives as long as the mesh: :meth:`stop` closes it first
+        (``close(obj)``, if given) and lets it go.  The tensor engine keeps
+        its client of a mesh this way.  On a mesh this process did not spawn
+        (a received one, :func:`this_proc`) it is kept until the job ends.
+
+        Raises:
+            RuntimeError: the mesh was stopped.
+        """
+        try:
+            return cast(T, _calls.attach(self._key, name, make, close))
+        except LookupError:
+            raise RuntimeError(
+                f"cannot attach {name!r} to {self!r}: `ProcMesh` has already been stopped; "
+                "create new processes with spawn_procs()"
+            ) from None
+
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor on these processes and give the processes back.
 
         Launch-pool processes return to the pool; spawned processes exit.
+        What is attached to the mesh (:meth:`attach`) closes first.
 
         Raises:
             RuntimeError: this is a reference (a slice or a received mesh).
@@ -173,8 +199,7 @@ class ProcMesh(MeshTrait):
         if self._stopped:
             return Future.completed(None, "ProcMesh.stop()")
         self._stopped = True
-        _LIVE.pop(self._key, None)
-        return _calls.release_procs([self._addrs[i] for i in self._shape.ranks()], reason)
+        return _calls.stop_procs(self._key, [self._addrs[i] for i in self._shape.ranks()], reason)
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -189,10 +214,6 @@ class ProcMesh(MeshTrait):
     async def __aexit__(self, *exc: object) -> None:
         if self._owned:
             await self.stop()
-
-
-#: Process meshes this process spawned and has not stopped, by key (for shutdown_context)
-_LIVE: dict[tuple[int, int, int], ProcMesh] = {}
 
 
 def _rebuild(shape: Shape, addrs: tuple[Addr, ...], hosts: tuple[str, ...], key: tuple[int, int, int]) -> ProcMesh:
@@ -299,8 +320,7 @@ class HostMesh(MeshTrait):
         key, addrs, hosts = _calls.allocate_procs(math.prod(dims.values()), self.hostnames)
         shape = Shape.row_major(self._shape.labels + tuple(dims), self._shape.sizes + tuple(dims.values()))
         procs = ProcMesh(shape, tuple(addrs), tuple(hosts), key=key, owned=True)
-        _LIVE[key] = procs
-        _calls.own_procs(procs.stop)
+        _calls.own_procs(key, repr(procs), procs.stop)
         if bootstrap is not None:
             boot = procs.spawn("_bootstrap", _Bootstrap, bootstrap)
             try:
@@ -319,7 +339,7 @@ def shutdown_context() -> Future[None]:
     stop raised.  Meshes spawned later are not affected; the job itself
     goes on (it ends when the controller script ends).
     """
-    return when_all([mesh.stop("shutdown_context()") for mesh in list(_LIVE.values())], "shutdown_context()")
+    return when_all(_calls.stop_all_procs("shutdown_context()"), "shutdown_context()")
 
 
 def this_host() -> HostMesh:
@@ -384,6 +404,7 @@ def _spawn_here(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, An
     return this_proc().spawn(name, cls, *args, **kwargs)
 
 
-# context.Instance.proc gives this (context, a value leaf, imports no mesh module).
-_install_this_proc(this_proc)
-_named.spawn_here = _spawn_here
+# The runtime's calls up into this module, registered once as the package is imported
+# (context, a value leaf, and the controller's named actors import no mesh module).
+register_this_proc(this_proc)
+_hooks.register_spawn_here(_spawn_here)

@@ -28,10 +28,8 @@ from .actor_mail import Addr, Call, Init, Item, Site, SiteCall, Stop, Supervise
 from .actor_runner import AsyncRunner, Handlers, SyncRunner
 from .logs import warn
 from .protocol import CALL_METHOD, CALL_POINT, CALL_REPLY_PORT, Key, PortRef, Status
-from .waits import Deadline
 
 if TYPE_CHECKING:
-    from ..future import Future
     from ..supervision import MeshFailure
 
 __all__ = ["ActorCell", "Host"]
@@ -45,7 +43,7 @@ class Host(Protocol):
 
     def forget(self, key: Key, name: str, reason: str) -> None: ...
 
-    def stop_owned(self, owner: object, reason: str) -> list[Future[None]]: ...
+    def close_owned(self, owner: object, reason: str, timeout: float) -> list[BaseException]: ...
 
 
 class ActorCell:
@@ -301,14 +299,10 @@ class ActorCell:
         return False
 
     def _stop_owned(self) -> None:
-        # The meshes this actor spawned stop first, bottom-up (Monarch), bounded.
-        stops = self.host.stop_owned(self, f"its owner {self.actor_id} stopped")
-        deadline = Deadline(settings.cleanup_timeout)
-        for stop in stops:
-            try:
-                stop.get(deadline.left())
-            except Exception as exc:
-                warn(f"actor {self.actor_id} stopping what it owns: {exc}")
+        # What this actor made stops first, bottom-up (Monarch), bounded: its node of the ownership tree.
+        errors = self.host.close_owned(self, f"its owner {self.actor_id} stopped", settings.cleanup_timeout)
+        for exc in errors:
+            warn(f"actor {self.actor_id} stopping what it owns: {exc}")
 
     def _stopped(self, done: Callable[[], None] | None) -> None:
         self.lifecycle.stopped()

@@ -36,6 +36,8 @@ __all__ = ["Cell", "Invoker", "Runtime"]
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from .owners import Owners
+
 # Results of these types are answered at once, without asking inspect.
 _NOT_AWAITABLE = frozenset((int, float, str, bool, type(None), bytes, tuple, list, dict))
 # Results that are plain data by themselves (see serialize.plain).
@@ -63,6 +65,9 @@ class Runtime(Protocol):
     def reply_value(self, dest: Addr, pid: int, index: int, value: Any) -> None: ...
 
     def fault(self, key: Key, rank: int, report: str, spawner: Addr) -> None: ...
+
+    @property
+    def owners(self) -> Owners: ...
 
 
 class Cell(Protocol):

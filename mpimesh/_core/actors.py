@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import MeshInternalError
 from . import protocol
@@ -24,14 +24,7 @@ from .ports import gone
 from .protocol import Frame, Key, PortRef, Status
 from .waits import Countdown, Deadline
 
-if TYPE_CHECKING:
-    from ..future import Future
-
 __all__ = ["ActorHost"]
-
-#: Stops the meshes an actor spawned and returns the stops' futures
-#: (``calls.stop_owned``, set by that module: it sits above this one).
-stop_owned: Callable[[object, str], list[Any]] | None = None
 
 # The keyword arguments of every SITE_CALL (only unpacked, never changed).
 _NO_KWARGS: dict[str, Any] = {}
@@ -142,9 +135,13 @@ class ActorHost:
             actor.stop(reason, countdown.count, owned)
         return actors
 
-    def stop_owned(self, owner: object, reason: str) -> list[Future[None]]:
-        """Stop the meshes that ``owner`` (an actor of this process) spawned; returns the stops' futures."""
-        return [] if stop_owned is None else stop_owned(owner, reason)
+    def close_owned(self, owner: object, reason: str, timeout: float) -> list[BaseException]:
+        """Close what ``owner`` (an actor of this process) made, bottom-up, within ``timeout`` seconds.
+
+        Returns:
+            The errors of the closes (see ``owners.Owners.close_actor``).
+        """
+        return self.runtime.owners.close_actor(owner, reason, timeout)
 
     def forget(self, key: Key, name: str, reason: str) -> None:
         """The actor of mesh ``key`` (named ``name``) has stopped: later calls to it are refused with ``reason``."""

@@ -12,19 +12,29 @@ An actor mesh's inner handle is a :class:`MeshRef` (Monarch's
 ``ActorMesh._inner``): the mesh's key, the address and message point of each
 actor, and the call sites this process registered.
 
+Every actor mesh, process mesh and channel made here is adopted, when it is
+made, by its owner in the runtime's ownership tree (``_core.owners``): the
+calling actor, or the tree's root for the script.
+
 Call sites (``protocol.site_call``): the first ``call_one`` from this
 process to an (actor, method, point) sends a full CALL frame that also
 registers a site number with the actor's process; later calls with plain
 positional arguments send only the number, the reply port and the
 arguments.  The SITE_CALL travels the path of the CALL that registered it,
 so it cannot overtake it.  ``docs/design/calls.md`` says why this shortcut
-exists and what it costs.
+exists and what it costs.  Three tables hold sites, one per role, and are
+kept apart on purpose: ``Runtime.sites`` is the caller's registry (which
+sites this process registered, for every handle); ``MeshRef._sites`` is one
+handle's cache of it, keyed by what ``call_one`` has at hand (the method and
+rank), so that the hot path builds no tuple key; ``ActorHost.sites`` is the
+callee's side (site number -> actor, method, caller, point).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future as StdFuture
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import settings
@@ -32,12 +42,12 @@ from ..context import context
 from ..errors import SupervisionError
 from ..future import Future
 from ..shape import Shape
-from . import actors as _actors
 from . import current as _current
-from . import ports as _ports
 from . import protocol
 from . import serialize as _serialize
 from .failures import Owned
+from .logs import warn
+from .owners import Kind
 from .ports import Gather, OneReply, Port, PortReceiver, Queue, Receiver
 from .protocol import Frame, Key, PortRef
 
@@ -45,7 +55,10 @@ if TYPE_CHECKING:
     from .._data.pulls import Pulls
     from .runtime import Runtime
 
-__all__ = ["Here", "MeshRef", "allocate_procs", "here", "job_hosts", "named_actor", "open_channel", "release_procs"]
+__all__ = [
+    "Here", "MeshRef", "allocate_procs", "attach", "here", "job_hosts", "named_actor", "open_channel", "own_procs",
+    "release_procs", "stop_all_procs", "stop_procs",
+]
 
 Addr = tuple[int, int]
 #: A message point as it travels: ``(rank, labels, sizes)`` in the mesh the caller addressed.
@@ -81,8 +94,10 @@ def here() -> Here:
     return _current.current()
 
 
-def _post(rt: Runtime, addr: Addr, frame: Frame, buffers: list[Any], waiting: Receiver | None, pid: int) -> str | None:
-    """Send ``frame`` to ``addr`` for the receiver ``waiting`` (open as port ``pid``, if any).
+def _post(
+    rt: Runtime, addr: Addr, frame: Frame, buffers: list[Any], waiting: Receiver | None, port_id: int
+) -> str | None:
+    """Send ``frame`` to ``addr`` for the receiver ``waiting`` (open as port ``port_id``, if any).
 
     Returns:
         ``None`` once sent; else why not (``addr`` is known dead, or the send
@@ -99,7 +114,7 @@ def _post(rt: Runtime, addr: Addr, frame: Frame, buffers: list[Any], waiting: Re
         except ConnectionError as exc:
             report = str(exc)
     if waiting is not None and waiting.fail(addr, report):
-        rt.ports.close(pid)
+        rt.ports.close(port_id)
     return report
 
 
@@ -201,8 +216,9 @@ class MeshRef:
     ) -> tuple[MeshRef, Future[None]]:
         """Create one actor at each of ``addrs`` (the processes of ``shape``, on ``hosts``) from the pickled ``body``.
 
-        The calling actor (or the controller script) owns the new mesh: its
-        failures go to that actor's ``__supervise__``.
+        The calling actor (or the controller script) owns the new mesh: it is
+        adopted by that actor's node of the ownership tree, and its failures
+        go to that actor's ``__supervise__``.
 
         Returns:
             The new mesh's handle, and the future done when every actor's
@@ -214,11 +230,15 @@ class MeshRef:
             rt.hosts.update(zip(addrs, hosts, strict=True))
         fut: Future[None] = Future(f"{name}.initialized")
         waiting = Gather(fut, f"{name}.__init__", shape, addrs, values=False)
-        pid = rt.ports.open(waiting)
-        port = (rt.addr, pid)
+        port_id = rt.ports.open(waiting)
+        port = (rt.addr, port_id)
         instance = context().actor_instance
         creator = (instance.actor_id, rt.addr)
-        rt.owned[key] = Owned(name, class_name, tuple(addrs), shape, instance._actor)
+        owned = Owned(name, class_name, tuple(addrs), shape)
+        rt.owners.adopt(
+            rt.owners.owner_of(instance._actor), Kind.ACTOR_MESH, name,
+            lambda reason: _stop_mesh(rt, key, name, shape, list(owned.addrs), reason), key=key, payload=owned,
+        )
         sizes = _sizes(buffers)
         # Classes from importable modules travel by reference: the workers
         # need the spawner's sys.path (pytest, for one, extends it late).
@@ -226,7 +246,7 @@ class MeshRef:
         for rank, addr in enumerate(addrs):
             point = (rank, shape.labels, shape.sizes)
             frame = protocol.spawn(sizes, key, name, point, is_async, body, port, creator, path)
-            _post(rt, addr, frame, buffers, waiting, pid)
+            _post(rt, addr, frame, buffers, waiting, port_id)
         return cls(key, shape.dense(), tuple(addrs), class_name), fut
 
     def stop(self, what: str, reason: str) -> Future[None]:
@@ -274,12 +294,12 @@ class MeshRef:
         payload, buffers = _encode(what, args, kwargs)
         waiting = None
         port = reply_to
-        pid = 0
+        port_id = 0
         if receiver is not None:
             waiting = receiver(addrs)
             waiting.actor = self.cls
-            pid = rt.ports.open(waiting)
-            port = (rt.addr, pid)
+            port_id = rt.ports.open(waiting)
+            port = (rt.addr, port_id)
         sizes = _sizes(buffers)
         key = self.key
         # A large cast to actors all on this host goes straight to each (``MPIMESH_CAST_NEAR_DIRECT``):
@@ -299,12 +319,12 @@ class MeshRef:
                         continue
                     raise SupervisionError(f"cannot {verb} {what}(): {why}", endpoint=method)
                 if waiting.fail(addr, why):
-                    rt.ports.close(pid)
+                    rt.ports.close(port_id)
             return
         points = self._points
         for rank, addr in zip(chosen, addrs, strict=True):
             report = _post(rt, addr, protocol.call(sizes, key, method, payload, port, points[rank]), buffers, waiting,
-                           pid)
+                           port_id)
             if report is not None and waiting is None and not skip_dead:
                 raise SupervisionError(f"cannot {verb} {what}(): {report}", endpoint=method)
 
@@ -327,8 +347,8 @@ class MeshRef:
             number, addr = site
             fut = OneReply(name, what, addr, self.shape, rank)
             fut.actor = self.cls
-            pid = rt.ports.open(fut)
-            _post(rt, addr, _site_call(number, pid, args), _NO_BUFFERS, fut, pid)
+            port_id = rt.ports.open(fut)
+            _post(rt, addr, _site_call(number, port_id, args), _NO_BUFFERS, fut, port_id)
             return fut
         # A full CALL frame, which registers a call site if there is none yet.
         addr = self.targets[rank]
@@ -336,14 +356,15 @@ class MeshRef:
         payload, buffers = ((args, kwargs), _NO_BUFFERS) if plain else _encode(what, args, kwargs)
         fut = OneReply(name, what, addr, self.shape, rank)
         fut.actor = self.cls
-        pid = rt.ports.open(fut)
-        port = (rt.addr, pid)
+        port_id = rt.ports.open(fut)
+        port = (rt.addr, port_id)
         if site is not None:
-            _post(rt, addr, protocol.call(_sizes(buffers), self.key, method, payload, port, point), buffers, fut, pid)
+            frame = protocol.call(_sizes(buffers), self.key, method, payload, port, point)
+            _post(rt, addr, frame, buffers, fut, port_id)
             return fut
         number = rt.new_site()
         frame = protocol.call_registering(_sizes(buffers), self.key, method, payload, port, point, number)
-        if _post(rt, addr, frame, buffers, fut, pid) is None:
+        if _post(rt, addr, frame, buffers, fut, port_id) is None:
             # Sent: the site's CALL is ahead of any later call on this path.
             rt.sites[addr, self.key, method, point] = number
             self._sites[here] = (number, addr)
@@ -395,40 +416,48 @@ def named_actor(name: str, cls: Any, args: tuple[Any, ...], kwargs: dict[str, An
 
 def _stop_mesh(rt: Any, key: Key, what: str, shape: Shape, targets: list[Addr], reason: str) -> Future[None]:
     # STOP to every actor of mesh `key`; the future is done once all have answered.
-    rt.owned.pop(key, None)
+    rt.owners.take(key)
     fut: Future[None] = Future(f"{what}.stop()")
     waiting = Gather(fut, f"{what}.stop", shape, targets, values=False)
-    pid = rt.ports.open(waiting)
-    port = (rt.addr, pid)
+    port_id = rt.ports.open(waiting)
+    port = (rt.addr, port_id)
     for rank, addr in enumerate(targets):
-        _post(rt, addr, protocol.stop(key, port, rank, reason), _NO_BUFFERS, waiting, pid)
+        _post(rt, addr, protocol.stop(key, port, rank, reason), _NO_BUFFERS, waiting, port_id)
     return fut
 
 
-#: owner actor -> the stop() of each process mesh it spawned (see own_procs)
-_owned_procs: dict[object, list[Callable[[str], Future[None]]]] = {}
-
-
-def own_procs(stop: Callable[[str], Future[None]]) -> None:
-    """Record a process mesh the calling actor spawned: it stops with the actor (see stop_owned)."""
-    owner = context().actor_instance._actor
-    if owner is not None:
-        _owned_procs.setdefault(owner, []).append(stop)
-
-
-def stop_owned(owner: object, reason: str) -> list[Future[None]]:
-    """Stop the actor meshes, then the process meshes, that ``owner`` spawned and has not stopped.
-
-    Monarch's rule: an actor that stops stops what it owns first, so their
-    ``__cleanup__`` runs before its own.  Returns the stops' futures.
-    """
+def own_procs(key: Key, name: str, stop: Callable[[str], Future[None]]) -> None:
+    """Adopt the process mesh ``key`` the caller spawned: it stops with its owner, or by ``stop(reason)``."""
     rt = _current.current()
-    stops = [
-        _stop_mesh(rt, key, owned.name, owned.shape, list(owned.addrs), reason)
-        for key, owned in list(rt.owned.items())
-        if owned.owner is owner
-    ]
-    stops += [stop(reason) for stop in _owned_procs.pop(owner, [])]
+    rt.owners.adopt(rt.owners.owner_of(context().actor_instance._actor), Kind.PROC_MESH, name, stop, key=key)
+
+
+def attach(key: Key, name: str, make: Callable[[], Any], close: Callable[[Any], None] | None) -> Any:
+    """The object ``name`` kept with the process mesh ``key`` in the ownership tree (``ProcMesh.attach``)."""
+    return _current.current().owners.attach(key, name, make, close)
+
+
+def stop_procs(key: Key, addrs: list[Addr], reason: str) -> Future[None]:
+    """Stop the process mesh ``key``: close what it owns (bounded), then give its processes back."""
+    rt = _current.current()
+    node = rt.owners.take(key)
+    if node is not None:
+        for error in node.close(reason, settings.cleanup_timeout, itself=False):
+            warn(f"stopping what {node.name} owns: {error}")
+    return release_procs(addrs, reason)
+
+
+def stop_all_procs(reason: str) -> list[StdFuture[Any]]:
+    """Stop every process mesh this process spawned and has not stopped (``shutdown_context``).
+
+    Returns at once with the stops' futures; none without a runtime.
+    """
+    rt = _current.runtime
+    if rt is None:
+        return []
+    stops: list[StdFuture[Any]] = []
+    for node in rt.owners.of_kind(Kind.PROC_MESH):
+        stops.extend(node.start_close(reason))
     return stops
 
 
@@ -441,10 +470,10 @@ def open_channel(once: bool, ranked: bool) -> tuple[Port[Any], PortReceiver[Any]
     """A new port whose receiver lives in this process (see ``mpimesh.Channel``)."""
     rt = _current.current()
     queue = Queue("Channel", once=once, ranked=ranked)
-    port: Port[Any] = Port((rt.addr, rt.ports.open(queue)))
+    port_id = rt.ports.open(queue)
+    ports = rt.ports
+    owners = rt.owners
+    owners.adopt(owners.owner_of(context().actor_instance._actor), Kind.CHANNEL, "Channel",
+                 lambda reason: ports.close(port_id))
+    port: Port[Any] = Port((rt.addr, port_id))
     return port, PortReceiver(queue, port)
-
-
-# A Port that arrived in a message sends through this process's runtime.
-_ports.current = _current.current
-_actors.stop_owned = stop_owned

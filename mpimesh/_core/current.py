@@ -6,6 +6,12 @@ runtime through :func:`current`, which boots an embedded controller on first
 use (``python script.py``); ``python -m mpimesh`` boots the runtime of every
 rank before the script runs (``mpimesh._roles.boot``).
 
+:func:`install` wires the new runtime to the modules that need it and
+cannot import it: futures drive its progress while they wait, a Port that
+arrived in a message sends through it, and the hooks that layers above
+registered (``_core.hooks``) run.  Nothing is wired by assigning to
+another module's attributes.
+
 This module is the hub of the one import that points up, from ``_core`` to
 ``_roles.boot``, made lazily on first use.  So that it stays a cycle of two,
 nothing that ``_roles.boot`` imports may import this module: the runtime's
@@ -14,22 +20,19 @@ parts get the runtime passed to them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import future
+from . import hooks as _hooks
+from . import ports as _ports
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-__all__ = ["current", "install", "on_install", "runtime"]
+__all__ = ["current", "install", "runtime"]
 
 #: This process's runtime, once booted (see :func:`install`).
 runtime: Runtime | None = None
-#: Run by :func:`install` with the new runtime: how modules above the runtime
-#: add handlers of their own (``mpimesh.debug`` registers DEBUG frames and the
-#: workers' breakpoint hook).
-on_install: list[Callable[[Runtime], None]] = []
 
 
 def current() -> Runtime:
@@ -48,9 +51,10 @@ def current() -> Runtime:
 
 
 def install(rt: Runtime) -> None:
-    """Make ``rt`` this process's runtime; futures now drive its progress while they wait."""
+    """Make ``rt`` this process's runtime, and wire it to what needs it (see the module's docstring)."""
     global runtime
     runtime = rt
-    future._driver = rt.progress.wait
-    for setup in on_install:
+    future.set_driver(rt.progress.wait)
+    _ports.set_runtime_lookup(current)
+    for setup in _hooks.on_install():
         setup(rt)

@@ -13,7 +13,9 @@ So a ULFM report waits ``_MPI_REPORT_GRACE`` for the fuller one before it is
 taken as the cause.  Once a process is dead, :meth:`Failures.apply_dead` fails
 every wait on it (the port table) and hands a :class:`~mpimesh.MeshFailure`
 to the owner of each actor mesh it hosted: the owning actor's
-``__supervise__``, or the role's :meth:`Role.unhandled` at the top.
+``__supervise__``, or the role's :meth:`Role.unhandled` at the top.  Who
+owns a mesh is read from the ownership tree (``_core.owners``), where the
+mesh's node keeps its :class:`Owned` record.
 
 What differs between the controller and a worker (who declares a death, who
 is told, whether the job survives it) is the role's, through :class:`Role`.
@@ -27,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..supervision import MeshFailure
 from . import protocol
 from .logs import warn
-from .protocol import CONTROLLER, Frame, Key
+from .owners import Kind, Node, Owners
+from .protocol import CONTROLLER, Frame
 
 if TYPE_CHECKING:
     from .._transport.bell import Ringer
@@ -62,24 +65,22 @@ class Owner(Protocol):
 
 
 class Owned:
-    """An actor mesh this process spawned, kept to route its failures to its owner.
+    """An actor mesh this process spawned, kept (by its node in the ownership tree) to report its failures.
 
     Args:
         name: the mesh's name.
         class_name: its actor class's ``__qualname__``.
         addrs: the process of each of its ranks.
         shape: its shape (for the coordinates in reports).
-        owner: the actor that spawned it, ``None`` for the controller script.
     """
 
-    __slots__ = ("name", "class_name", "addrs", "shape", "owner")
+    __slots__ = ("name", "class_name", "addrs", "shape")
 
-    def __init__(self, name: str, class_name: str, addrs: tuple[Addr, ...], shape: Shape, owner: Owner | None) -> None:
+    def __init__(self, name: str, class_name: str, addrs: tuple[Addr, ...], shape: Shape) -> None:
         self.name = name
         self.class_name = class_name
         self.addrs = addrs
         self.shape = shape
-        self.owner = owner
 
     def failure(self, ranks: list[int], cause: str) -> MeshFailure:
         """The failure of ``ranks`` of this mesh, for ``cause``."""
@@ -135,11 +136,14 @@ class Process(Protocol):
     @property
     def peers(self) -> Peers: ...
 
+    @property
+    def owners(self) -> Owners: ...
+
     def send(self, dest: Addr, frame: Frame) -> None: ...
 
 
 class Failures:
-    """The dead processes and the meshes this process owns, and what follows a death.
+    """The dead processes, and what follows a death for the meshes this process owns.
 
     Args:
         process: this process's runtime.
@@ -149,8 +153,6 @@ class Failures:
         self._process = process
         #: addr -> report, for every process known dead
         self.dead: dict[Addr, str] = {}
-        #: actor meshes spawned from this process, by key
-        self.owned: dict[Key, Owned] = {}
         # peers ULFM reported failed, waiting for the fuller report: addr -> (when, ULFM's text)
         self._mpi_reported: dict[Addr, tuple[float, str]] = {}
 
@@ -208,10 +210,12 @@ class Failures:
         self._process.ports.fail_source(addr, report)
         self._process.multicast.dead(addr)
         self._process.peers.dead(addr)
-        for owned in list(self.owned.values()):
+        owners = self._process.owners
+        for node in owners.of_kind(Kind.ACTOR_MESH):
+            owned: Owned = node.payload
             ranks = [r for r, a in enumerate(owned.addrs) if a == addr]
             if ranks:
-                self.supervise(owned.owner, owned.failure(ranks, report))
+                self.supervise(owners.actor_of(node), owned.failure(ranks, report))
 
     def supervise(self, owner: Owner | None, failure: MeshFailure) -> None:
         """Deliver ``failure`` to the owner actor, or to the role at the top."""
@@ -225,11 +229,12 @@ class Failures:
     def on_fault(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """FAULT: an actor of a mesh this process spawned has failed."""
         _, _, key, rank, report = frame
-        owned = self.owned.get(key)
-        if owned is None:
+        owners = self._process.owners
+        node: Node | None = owners.get(key)
+        if node is None or node.kind is not Kind.ACTOR_MESH:
             warn(f"failure of an actor whose mesh is gone:\n{report}")
             return
-        self.supervise(owned.owner, owned.failure([rank], report))
+        self.supervise(owners.actor_of(node), node.payload.failure([rank], report))
 
     def on_dead(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """DEAD: the controller declared a process dead."""

@@ -2,23 +2,19 @@
 
 The controller's role owns the registry; spawning the actor in its own
 process is the public layer's business (``this_proc().spawn``), which it
-hands down here as :data:`spawn_here` so the roles never import the
-public modules.
+registers as a hook (``_core.hooks.spawn_here``) so the roles never import
+the public modules.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from ..errors import MeshInternalError
+from . import hooks as _hooks
 from . import serialize as _serialize
 
-__all__ = ["Registry", "spawn_here"]
-
-#: ``(name, Class, args, kwargs) -> ActorMesh`` in this process (set by ``mpimesh.proc_mesh``).
-spawn_here: Callable[[str, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
+__all__ = ["Registry"]
 
 
 class Registry:
@@ -33,8 +29,7 @@ class Registry:
         with self._lock:
             mesh = self._meshes.get(name)
             if mesh is None:
-                if spawn_here is None:
-                    raise MeshInternalError("internal error in mpimesh - please file a bug (no spawn_here)")
+                spawn_here = _hooks.spawn_here()
                 cls, args, kwargs = _serialize.loads(body)
                 mesh = self._meshes[name] = spawn_here(name, cls, args, kwargs)
             return mesh

@@ -427,17 +427,23 @@ class _Replier(Protocol):
     def reply(self, port: PortRef, index: int, status: int, value: Any) -> None: ...
 
 
-#: This process's runtime (``_core.current.current``), installed by
-#: ``_core.calls`` when it is imported.  The runtime imports this module, so
-#: this module cannot import it back; a Port, which may have arrived in a
-#: message, finds the runtime through this.
-current: Callable[[], _Replier] | None = None
+# This process's runtime (``_core.current.current``), set by set_runtime_lookup
+# when a runtime is installed.  The runtime imports this module, so this module
+# cannot import it back; a Port, which may have arrived in a message, finds the
+# runtime through this.
+_current: Callable[[], _Replier] | None = None
+
+
+def set_runtime_lookup(current: Callable[[], _Replier]) -> None:
+    """Make Ports find this process's runtime with ``current()`` (``_core.current.install``, at boot)."""
+    global _current
+    _current = current
 
 
 def _runtime(port: Port[Any]) -> _Replier:
-    if current is None:
-        raise MeshInternalError(f"{port!r} used before mpimesh._core.calls was imported")
-    return current()
+    if _current is None:
+        raise MeshInternalError(f"{port!r} used before this process's runtime was installed")
+    return _current()
 
 
 class Port(Generic[R]):

@@ -38,6 +38,7 @@ from .failures import Owned as Owned
 from .forwarder import Forwarder
 from .logs import debug, warn
 from .multicast import Multicast
+from .owners import Owners
 from .ports import PortTable
 from .progress import Progress, Waitable
 from .protocol import NAMES, Frame, Key, Kind, Status
@@ -111,6 +112,8 @@ class Runtime:
         self.router.on_hold = self.progress.kick
         self.ports = PortTable()
         self.actors = ActorHost(self)
+        #: what each part of this process must tear down (``_core.owners``)
+        self.owners = Owners()
         self.failures = Failures(self)
         #: casts down trees as their caller, and the one path of actor-bound frames (``Multicast.post``)
         self.multicast = Multicast(self)
@@ -124,7 +127,6 @@ class Runtime:
         self.dispatch = self._handlers
         # The failures' own tables, read on every reply and call: no property in between.
         self.dead: dict[Addr, str] = self.failures.dead
-        self.owned: dict[Key, Owned] = self.failures.owned
         #: the host of each process this one spawned actors on (a large cast to its own host goes direct: ``calls``)
         self.hosts: dict[Addr, str] = {}
         self._poll_errors: set[str] = set()

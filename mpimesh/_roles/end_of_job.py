@@ -112,6 +112,7 @@ class EndOfJob:
         rt, procs = self.rt, self.procs
         cells = rt.actors.stop_all("controller exit", lambda: None, owned=False)
         rt.actors.wait_stopped(cells, settings.cleanup_timeout)
+        rt.owners.end()  # the ownership tree's root closes with the job (docs/design/ownership.md)
 
         # Every island and the pool stop at once: one bound for the whole job,
         # not one per island (a spawned run can have dozens).

@@ -254,6 +254,7 @@ class Worker(BaseRole):
         self._loop(_WATCH_PERIOD, self._watch_controller)
         cells = rt.actors.stop_all("job shutdown", lambda: None, owned=False)
         stuck = rt.actors.wait_stopped(cells, settings.cleanup_timeout)
+        rt.owners.end()  # the ownership tree's root closes with the job (docs/design/ownership.md)
         if not stuck:
             rt.actors.join_threads(1.0)
         stop_last_words(rt.controller_pid, rt.addr)

@@ -7,7 +7,7 @@ and opens the ``mpimesh_dbg>`` prompt on the controller's terminal:
 the remote frames of an :class:`~mpimesh.ActorError`.
 """
 
-from . import _worker as _worker  # registers its hooks for each runtime (``_core.current.on_install``)
+from . import _worker as _worker  # registers its hooks for each runtime (``_core.hooks.register_on_install``)
 from ._commands import Ranks as Ranks
 from ._commands import parse_ranks as parse_ranks
 from ._controller import DebugController as DebugController

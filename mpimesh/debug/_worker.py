@@ -27,7 +27,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .._core import current as _current
+from .._core import hooks as _hooks
 from .._core.current import current
 from .._core.protocol import CONTROLLER, Frame, Kind, Status
 from ..context import Context, _context_var, context
@@ -345,4 +345,4 @@ def install(rt: Runtime) -> None:
     pdb.set_trace = _set_trace
 
 
-_current.on_install.append(install)
+_hooks.register_on_install(install)

@@ -169,14 +169,6 @@ class MeshClient:
         return groups
 
 
-_CLIENTS: dict[tuple[int, int, int], MeshClient] = {}
-_clients_lock = threading.Lock()
-
-
 def client_of(procs: ProcMesh) -> MeshClient:
-    """The engine client of ``procs``'s mesh, spawning the engine actors on first use."""
-    with _clients_lock:
-        client = _CLIENTS.get(procs._key)
-        if client is None:
-            client = _CLIENTS[procs._key] = MeshClient(procs)
-        return client
+    """The engine client of ``procs``'s mesh, spawning the engine actors on first use; ``procs.stop()`` frees it."""
+    return procs.attach("mpimesh.tensor", lambda: MeshClient(procs))

@@ -165,3 +165,21 @@ def test_a_process_that_said_bye_is_not_declared_dead_by_mpi() -> None:
     rt.failures.mpi_failed(spawned, "MPI_ERR_PROC_FAILED: injected by the test")
     rt.failures.check_reported()
     assert not any(a in rt.dead for a in spawned)
+
+
+def test_the_ownership_tree_follows_spawn_and_stop() -> None:
+    """A process mesh is adopted by its maker when made, and stop() takes it out (issue 26)."""
+    from mpimesh._core.owners import Kind
+
+    owners = current().owners
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    key = procs._key
+    node = owners.get(key)
+    assert node is not None and node.kind is Kind.PROC_MESH and node.owner is owners.root
+    mesh = procs.spawn("where", Where)
+    mesh_key = mesh._ref.key  # type: ignore[attr-defined]
+    assert owners.get(mesh_key).owner is owners.root
+    mesh.stop().get(60)  # type: ignore[attr-defined]
+    assert owners.get(mesh_key) is None
+    procs.stop().get(60)
+    assert owners.get(key) is None

@@ -25,6 +25,12 @@ re-export them.
 
 ``_launch`` runs before MPI is initialised and imports none of the runtime;
 its pure helpers (parsing an MPI library's version string) may be used below.
+
+No module changes another module's state: an assignment to another module's
+attribute (``mod.attr = x``, ``setattr(mod, ...)``) is a dependency the import
+graph cannot see, and made behaviour depend on import order.  A layer above
+registers with a function of the module below (``_core.hooks``), and boot
+wires the runtime in (``_core.current.install``).
 """
 
 from __future__ import annotations
@@ -171,6 +177,88 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: Attributes of the interpreter's own modules that are meant to be set: what a launcher
+#: (``-m mpimesh``, spmd's script runner) and a debugger set, and where the log's lines go.
+INTERPRETER_HOOKS = {"sys.argv", "sys.stdout", "sys.stderr", "sys.breakpointhook", "pdb.set_trace"}
+
+#: Methods that change a container in place.
+MUTATORS = {"append", "extend", "insert", "update", "add", "setdefault", "clear", "pop", "popitem", "remove", "discard"}
+
+
+def module_names(name: str, tree: ast.AST, known: set[str], package: str) -> tuple[set[str], set[str]]:
+    """The names that ``name``'s source binds to modules: (mpimesh modules, every module)."""
+    ours: set[str] = set()
+    every: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                bound = [alias.asname] if alias.asname else [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+                every.update(bound)
+                if alias.name.startswith("mpimesh"):
+                    ours.update(bound)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in known:
+                    ours.add(alias.asname or alias.name)
+                    every.add(alias.asname or alias.name)
+    return ours, every
+
+
+def module_mutations(name: str, source: str, known: set[str], *, is_package: bool = False) -> list[str]:
+    """Where ``name``'s source changes another module's state, as ``"module:line: code"``.
+
+    Counted: an assignment or deletion of a module's attribute, ``setattr`` or
+    ``delattr`` on a module (any module but :data:`INTERPRETER_HOOKS`); a
+    store into, or an in-place change of, a table held by an mpimesh module
+    (``mod.table[k] = v``, ``mod.hooks.append(f)``).  The interpreter's own
+    tables (``sys.path``, ``os.environ``) are meant to be changed.
+    ``is_package``: the source is a package's ``__init__``.
+    """
+    tree = ast.parse(source)
+    package = name if is_package else name.rpartition(".")[0]
+    ours, every = module_names(name, tree, known, package)
+
+    def module_attr(node: ast.AST, modules: set[str]) -> bool:
+        return isinstance(node, ast.Attribute) and ast.unparse(node.value) in modules
+
+    found: list[tuple[int, str]] = []
+
+    def report(node: ast.AST, what: ast.AST) -> None:
+        code = ast.unparse(what)
+        if code not in INTERPRETER_HOOKS:
+            found.append((getattr(node, "lineno", 0), code))
+
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            for sub in ast.walk(target):
+                if module_attr(sub, every) and isinstance(sub.ctx, (ast.Store, ast.Del)):  # type: ignore[attr-defined]
+                    report(node, sub)
+                elif isinstance(sub, ast.Subscript) and isinstance(sub.ctx, (ast.Store, ast.Del)) and module_attr(
+                    sub.value, ours
+                ):
+                    report(node, sub)
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and node.args
+                    and ast.unparse(node.args[0]) in every):
+                report(node, node)
+            elif isinstance(func, ast.Attribute) and func.attr in MUTATORS and module_attr(func.value, ours):
+                report(node, func)
+    return [f"{name}:{line}: {code}" for line, code in sorted(found)]
+
+
 def test_every_module_has_a_layer() -> None:
     """Each module belongs to one layer, so a new one cannot slip in unchecked."""
     for name in modules():
@@ -219,3 +307,48 @@ def test_launch_imports_no_runtime() -> None:
         seen.add(m)
         todo.extend(edges.get(m, ()))
     assert sorted(m for m in seen if layer(m) not in {"_launch", "leaf"}) == []
+
+
+def test_no_module_changes_another() -> None:
+    """No module assigns to another module's attribute, or changes a table another mpimesh module holds."""
+    mods = modules()
+    known = set(mods) | {"mpimesh._native"}
+    found = [
+        hit
+        for name, path in sorted(mods.items())
+        for hit in module_mutations(name, path.read_text(), known, is_package=path.name == "__init__.py")
+    ]
+    assert not found, "modules that change another module's state (register through a function instead):\n" + (
+        "\n".join(found)
+    )
+
+
+def test_module_changes_are_caught() -> None:
+    """The check above finds each kind of change, and leaves objects' attributes and the interpreter's hooks alone."""
+    source = """
+import sys
+import mpimesh.future
+from . import ports as _ports
+from .. import future
+from .calls import MeshRef
+
+_ports.current = None
+future._driver: object = None
+mpimesh.future._driver = None
+setattr(_ports, "current", None)
+_ports.table[1] = 2
+_ports.hooks.append(print)
+del future._driver
+
+def ok(rt):
+    rt.router.every_ms = 1
+    MeshRef.cls = "x"
+    sys.argv = []
+    sys.path.insert(0, "")
+"""
+    known = {"mpimesh._core.calls", "mpimesh._core.ports", "mpimesh.future"}
+    found = module_mutations("mpimesh._core.example", source, known)
+    assert [hit.split(": ", 1)[1] for hit in found] == [
+        "_ports.current", "future._driver", "mpimesh.future._driver", "setattr(_ports, 'current', None)",
+        "_ports.table[1]", "_ports.hooks.append", "future._driver",
+    ], found
