@@ -220,8 +220,8 @@ class ProcMesh(MeshTrait):
     def base_mesh(self) -> ProcMesh:
         """Every process of the mesh this view was sliced from, in one dimension ``rank``: a reference.
 
-        Rank ``i`` of the result is the process at index ``i`` of
-        :attr:`view_shape`'s ranks, for every view of the mesh.
+        Its rank ``i`` is the process that every view's
+        ``view_shape.ranks()`` numbers ``i``.
         """
         return ProcMesh(Shape.row_major(("rank",), (len(self._addrs),)), self._addrs, self._hosts, key=self._key)
 
