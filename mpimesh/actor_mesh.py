@@ -191,6 +191,20 @@ class Endpoint(Generic[R]):
         reply_to = None if port is None else port._port
         mesh._ref.cast(self._name, self._what, args, kwargs, None, reply_to=reply_to, ranks=ranks)
 
+    # --- For a layer built on the public API (the tensor engine): a stream that outlives dead actors.
+
+    def broadcast_live(self, *args: Any, **kwargs: Any) -> None:
+        """:meth:`broadcast`, skipping every actor known or found dead instead of raising.
+
+        Each live actor of the mesh gets the message exactly once, whatever
+        became of the others; nobody waits for an answer.
+
+        Raises:
+            TypeError: the arguments do not fit the signature, or do not pickle.
+        """
+        mesh = self._ready(args, kwargs)
+        mesh._ref.cast(self._name, self._what, args, kwargs, None, skip_dead=True)
+
 
 def send(
     endpoint: Endpoint[R],
@@ -402,6 +416,16 @@ class ActorMesh(MeshTrait, Generic[T]):
             gone(f"{self._name}.{method}", "", f"it was stopped; cannot call {self!r} after stop(), spawn a new mesh"),
             endpoint=method,
         )
+
+    # --- For a layer built on the public API (the tensor engine): one actor mesh, many process views.
+
+    def with_shape(self, shape: Shape) -> ActorMesh[T]:
+        """This mesh's actors in ``shape``, a view of the process mesh they were spawned on: a reference.
+
+        ``shape`` is the ``view_shape`` of a view (a slice, split,
+        flattening...) of that process mesh or of its ``base_mesh()``.
+        """
+        return self._new_with_shape(shape)
 
 
 class NotAnEndpoint:

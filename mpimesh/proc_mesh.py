@@ -13,12 +13,13 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from types import ModuleType
 from typing import Any, TypeVar, cast
 
 from ._core import calls as _calls
 from ._core import hooks as _hooks
 from ._core import serialize as _serialize
-from ._core.waits import when_all
+from ._waits import when_all
 from .actor import Actor, endpoint_table
 from .actor_mesh import ActorMesh
 from .context import register_this_proc
@@ -147,21 +148,15 @@ class ProcMesh(MeshTrait):
         :class:`mpimesh.Tensor` handles (the tensor engine, :mod:`mpimesh.tensor`;
         imports torch).  Leaving the block sends what is queued without waiting.
         """
-        from .tensor._handle import activate
-
-        return activate(self)
+        return _tensor_engine().activate(self)  # type: ignore[no-any-return]
 
     def rank_tensor(self, dim: str) -> Any:
         """A mesh tensor holding each process's coordinate along ``dim`` (see :mod:`mpimesh.tensor`)."""
-        from .tensor import rank_tensor
-
-        return rank_tensor(self, dim)
+        return _tensor_engine().rank_tensor(self, dim)
 
     def rank_tensors(self) -> dict[str, Any]:
         """:meth:`rank_tensor` for every dimension."""
-        from .tensor import rank_tensors
-
-        return rank_tensors(self)
+        return _tensor_engine().rank_tensors(self)  # type: ignore[no-any-return]
 
     def attach(self, name: str, make: Callable[[], T], close: Callable[[T], None] | None = None) -> T:
         """The object ``name`` kept with these processes: made by ``make()`` on first use, from any view of this mesh.
@@ -214,6 +209,64 @@ class ProcMesh(MeshTrait):
     async def __aexit__(self, *exc: object) -> None:
         if self._owned:
             await self.stop()
+
+    # --- What a layer built on the public API (the tensor engine, spmd) reads of a process mesh.
+
+    @property
+    def mesh_id(self) -> tuple[int, int, int]:
+        """The job-wide id of the processes this mesh was made as: the same for its slices and copies."""
+        return self._key
+
+    @property
+    def view_shape(self) -> Shape:
+        """This view's shape: its dimensions, and the index of each of its processes in :meth:`base_mesh`."""
+        return self._shape
+
+    def same_view(self, other: ProcMesh) -> bool:
+        """Whether ``other`` is the same processes in the same shape (the same mesh or slice, or a copy of it)."""
+        return other is self or (other._key == self._key and other._shape == self._shape)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called on this mesh (a slice or copy never says so)."""
+        return self._stopped
+
+    @property
+    def hostnames(self) -> list[str]:
+        """The host name of each process of this mesh, in rank order (:attr:`host_mesh` names each host once)."""
+        return [self._hosts[i] for i in self._shape.ranks()]
+
+    @property
+    def addresses(self) -> list[tuple[int, int]]:
+        """The ``(MPI world, rank)`` address of each process of this mesh, in rank order."""
+        return [self._addrs[i] for i in self._shape.ranks()]
+
+    def base_mesh(self) -> ProcMesh:
+        """Every process of the mesh this view was sliced from, in one dimension ``rank``: a reference.
+
+        Its rank ``i`` is the process that every view's
+        ``view_shape.ranks()`` numbers ``i``.
+        """
+        return ProcMesh(Shape.row_major(("rank",), (len(self._addrs),)), self._addrs, self._hosts, key=self._key)
+
+    def dead(self) -> dict[int, str]:
+        """The processes of this mesh known to have died, by rank, each with the report of its death."""
+        dead = _calls.here().dead
+        if not dead:
+            return {}
+        addrs = self._addrs
+        return {rank: dead[addrs[i]] for rank, i in enumerate(self._shape.ranks()) if addrs[i] in dead}
+
+
+def _tensor_engine() -> ModuleType:
+    """The tensor engine, :mod:`mpimesh.tensor`, imported on first use: the one way in from the meshes.
+
+    It sits above this module (it imports torch, and uses meshes through
+    their public methods only), so ``import mpimesh`` never imports torch.
+    """
+    from . import tensor
+
+    return tensor
 
 
 def _rebuild(shape: Shape, addrs: tuple[Addr, ...], hosts: tuple[str, ...], key: tuple[int, int, int]) -> ProcMesh:

@@ -49,11 +49,11 @@ from typing import Any
 
 from ._core import calls as _calls
 from ._core.calls import Here
-from ._core.waits import when_all
 from ._data import buffers as _buffers
 from ._data import cma as _cma
 from ._data import pulls as _pulls
 from ._data.registry import registry as _registry
+from ._waits import when_all
 from .context import context
 from .errors import SupervisionError
 from .future import Future

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._waits import Countdown, Deadline
 from ..errors import MeshInternalError
 from . import protocol
 from .actor_cell import ActorCell
@@ -22,7 +23,6 @@ from .actor_invoke import Runtime
 from .actor_mail import Addr, Call, Init, Item, Site, SiteCall, as_point
 from .ports import gone
 from .protocol import Frame, Key, PortRef, Status
-from .waits import Countdown, Deadline
 
 __all__ = ["ActorHost"]
 

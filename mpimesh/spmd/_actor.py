@@ -78,8 +78,7 @@ class SPMDActor(Actor):
         if mesh is None:
             raise MeshInternalError("internal error in mpimesh - please file a bug (SPMDActor has no proc_mesh)")
         # the hosts of the spawn mesh's processes, in its rank order
-        hosts = [mesh._hosts[i] for i in mesh._shape.ranks()]
-        self._env = world_env(hosts, me.rank.rank)
+        self._env = world_env(mesh.hostnames, me.rank.rank)
         self._probe: _address.Probe | None = None
 
     @endpoint

@@ -37,7 +37,7 @@ def _check_mesh(proc_mesh: object) -> ProcMesh:
             f"setup_torch_elastic_env expects a ProcMesh, got {proc_mesh!r}; "
             "create one with this_host().spawn_procs(per_host={'gpus': N})"
         )
-    if proc_mesh._stopped:
+    if proc_mesh.stopped:
         raise RuntimeError(
             f"cannot make {proc_mesh!r} a torch.distributed world: it was stopped; "
             "create new processes with spawn_procs()"

@@ -5,7 +5,8 @@ Inside ``with procs.activate():`` torch calls run on every process of
 handles at once; ``fetch_shard`` brings a value back; ``reduce`` runs MPI
 collectives over mesh dimensions; autograd and optimizers work through the
 handles.  Importing this package imports torch; ``import mpimesh`` does not
-(its tensor names load this package on first use).
+(its tensor names load this package on first use, and ``ProcMesh`` reaches
+it through ``activate``, ``rank_tensor`` and ``rank_tensors`` only).
 """
 
 from ._distribute import Replicate as Replicate
@@ -17,6 +18,7 @@ from ._fetch import inspect as inspect
 from ._fetch import rank_tensor as rank_tensor
 from ._fetch import rank_tensors as rank_tensors
 from ._handle import Tensor as Tensor
+from ._handle import activate as activate
 from ._handle import active_mesh as get_active_mesh
 from ._handle import no_mesh as no_mesh
 from ._reduce import reduce as reduce
@@ -29,6 +31,7 @@ __all__ = [
     "Replicate",
     "Shard",
     "Tensor",
+    "activate",
     "distribute",
     "fetch_shard",
     "gather",

@@ -15,7 +15,6 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, cast
 
-from .._core import current as _current
 from ..config import settings
 from ..errors import SupervisionError
 from ..shape import Shape
@@ -23,7 +22,7 @@ from ._commands import DEL, REDUCE
 
 if TYPE_CHECKING:
     from ..actor_mesh import ActorMesh
-    from ..proc_mesh import ProcMesh
+    from ._mesh import ProcMesh
 
 Addr = tuple[int, int]
 
@@ -44,13 +43,12 @@ class MeshClient:
     """The engine of one process mesh (all its views), seen from the controller."""
 
     def __init__(self, procs: ProcMesh) -> None:
-        from ..proc_mesh import ProcMesh
         from ._engine import Engine
 
-        addrs = procs._addrs
-        flat = ProcMesh(Shape.row_major(("rank",), (len(addrs),)), addrs, procs._hosts, key=procs._key)
-        self.addrs = addrs
-        self.engine: ActorMesh[Any] = cast("ActorMesh[Any]", flat.spawn("tensor_engine", Engine))
+        # every process of the mesh, rank i the process at base index i of each view's Shape
+        self.base = procs.base_mesh()
+        self.addrs = tuple(self.base.addresses)
+        self.engine: ActorMesh[Any] = cast("ActorMesh[Any]", self.base.spawn("tensor_engine", Engine))
         self._views: dict[Shape, ActorMesh[Any]] = {}
         self._pending: list[tuple[Any, ...]] = []
         self._pending_shape: Shape | None = None
@@ -61,14 +59,14 @@ class MeshClient:
         self._lock = threading.RLock()
 
     def view(self, shape: Shape) -> ActorMesh[Any]:
-        """The engine actors of the processes of ``shape`` (a view of this mesh)."""
+        """The engine actors of the processes of ``shape`` (the ``view_shape`` of a view of this mesh)."""
         view = self._views.get(shape)
         if view is None:
-            view = self._views[shape] = self.engine._new_with_shape(shape)
+            view = self._views[shape] = self.engine.with_shape(shape)
         return view
 
     def issue(self, shape: Shape, command: tuple[Any, ...]) -> None:
-        """Queue ``command`` for every process of ``shape``."""
+        """Queue ``command`` for every process of ``shape`` (the ``view_shape`` of a view of this mesh)."""
         with self._lock:
             if self._pending_shape is not None and self._pending_shape is not shape and self._pending_shape != shape:
                 self._flush_locked()
@@ -100,9 +98,9 @@ class MeshClient:
             # only): with the pending batch when that goes to every process too (the mesh itself
             # rather than a slice: the usual case), else in a batch of their own.
             pending = self._pending_shape
-            if pending is None or (pending is not self.engine._shape and pending.nelements != len(self.addrs)):
+            if pending is None or (pending is not self.base.view_shape and pending.nelements != len(self.addrs)):
                 self._send(pending, self._pending)
-                self._pending, self._pending_shape = [], self.engine._shape
+                self._pending, self._pending_shape = [], self.base.view_shape
             self._pending.append((DEL, tuple(deleted)))
         if self._pending and self._pending_shape is not None:
             self._send(self._pending_shape, self._pending)
@@ -114,33 +112,31 @@ class MeshClient:
         # Every live process of the view gets the batch exactly once (a batch run twice would run
         # its deletions before its own operations the second time); a dead process's tensors are
         # gone (fetching them raises SupervisionError), and the others' stream goes on.
-        view = self.view(shape)
-        run = view.run
-        view._ref.cast(run._name, run._what, (batch,), {}, None, skip_dead=True)
+        self.view(shape).run.broadcast_live(batch)
 
-    def check_alive(self, shape: Shape, dims: tuple[str, ...]) -> None:
-        """Raise if a process of ``shape`` is dead: a collective with it would hang the others.
+    def check_alive(self, procs: ProcMesh, dims: tuple[str, ...]) -> None:
+        """Raise if a process of ``procs`` is dead: a collective with it would hang the others.
 
         Raises:
             SupervisionError: naming the dead process.
         """
-        dead = _current.current().dead
-        for base in shape.ranks():
-            cause = dead.get(self.addrs[base])
-            if cause is not None:
-                raise SupervisionError(f"tensor engine: cannot reduce over {dims}: {cause}", endpoint="reduce")
+        dead = procs.dead()
+        if dead:
+            cause = dead[min(dead)]  # the first in rank order, as a walk of the ranks finds it
+            raise SupervisionError(f"tensor engine: cannot reduce over {dims}: {cause}", endpoint="reduce")
 
     # --- reductions
 
-    def reduce_command(self, shape: Shape, dims: tuple[str, ...], in_ids: tuple[int, ...], out_ids: tuple[int, ...],
-                       reduction: str, scatter: bool, site: str) -> tuple[Any, ...]:
-        """The command reducing ``in_ids`` over ``dims`` of ``shape``; its groups travel the first time only.
+    def reduce_command(self, procs: ProcMesh, dims: tuple[str, ...], in_ids: tuple[int, ...],
+                       out_ids: tuple[int, ...], reduction: str, scatter: bool, site: str) -> tuple[Any, ...]:
+        """The command reducing ``in_ids`` over ``dims`` of ``procs``; its groups travel the first time only.
 
         A group whose processes are in several MPI worlds is joined into one
         communicator the first time: its first process opens the ports for
         that, which this call waits for (once per mesh view and dims).
         """
-        self.check_alive(shape, dims)
+        self.check_alive(procs, dims)
+        shape = procs.view_shape
         key = self._groups.get((shape, dims))
         groups: dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]] | None = None
         if key is None:

@@ -8,15 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._core.waits import Countdown
+from .._waits import Countdown
 from ..future import Future
+from . import _mesh
 from ._client import client_of
 from ._commands import PUT
 from ._fetch import fetch_shard
 from ._handle import Tensor, mesh_tensor, site
 
 if TYPE_CHECKING:
-    from ..proc_mesh import ProcMesh
+    from ._mesh import ProcMesh
 
 __all__ = ["Replicate", "Shard", "distribute", "gather"]
 
@@ -37,13 +38,11 @@ Placement = Shard | Replicate
 
 
 def _check(local: Any, procs: Any, placements: Sequence[Placement]) -> tuple[Placement, ...]:
-    from ..proc_mesh import ProcMesh
-
     if not isinstance(local, torch.Tensor) or isinstance(local, Tensor):
         raise TypeError(f"distribute: expected a local torch.Tensor, got {type(local).__name__}")
-    if not isinstance(procs, ProcMesh):
+    if not isinstance(procs, _mesh.ProcMesh):
         raise TypeError(f"distribute: expected a ProcMesh, got {type(procs).__name__}")
-    labels = procs._shape.labels
+    labels = procs.view_shape.labels
     placements = tuple(placements)
     if len(placements) != len(labels):
         raise ValueError(
@@ -87,7 +86,7 @@ def distribute(local: torch.Tensor, procs: ProcMesh, placements: Sequence[Placem
         ValueError: the wrong number of placements, or a dimension that does not split evenly.
     """
     placements = _check(local, procs, placements)
-    shape = procs._shape
+    shape = procs.view_shape
     labels, sizes = shape.labels, dict(shape.extent)
     pieces = [_piece(local.detach(), shape.coordinates(r), sizes, placements, labels) for r in range(len(shape))]
     client = client_of(procs)
@@ -114,7 +113,7 @@ def gather(t: Tensor, placements: Sequence[Placement] | None = None) -> Future[t
     known = placements if placements is not None else getattr(t, "_placements", None)
     if known is None:
         raise ValueError(f"gather: {t!r} was not made by distribute(); pass placements=[Shard(d) or Replicate(), ...]")
-    shape = t._procs._shape
+    shape = t._procs.view_shape
     labels = shape.labels
     chosen = _check(torch.empty(t.shape), t._procs, known)
     futures = {}

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .._core import current as _current
 from ..actor import Actor, endpoint
-from ..context import current_rank
+from ..context import context, current_rank
 from ..errors import RemoteTensorError
 from ..shape import Shape
 from . import _collectives
@@ -61,7 +61,7 @@ class Engine(Actor):
         self.table: dict[int, Any] = {}
         self.functions: dict[int, Callable[..., Any]] = {}
         self._lent = False  # a fetch's reply may still be reading a tensor's memory
-        self.comms = _collectives.Communicators(_current.current().addr)
+        self.comms = _collectives.Communicators(context().actor_instance.proc.addresses[0])
         self.spares = _collectives.Spares()
         self.staging = _collectives.Staging()  # page-locked buffers for CUDA tensors a CUDA-unaware MPI reduces
         # reduction groups by the controller's key: this process's group (members' addresses, ports to join them)

@@ -14,7 +14,7 @@ from ._commands import RANK
 from ._handle import Tensor, mesh_tensor, site
 
 if TYPE_CHECKING:
-    from ..proc_mesh import ProcMesh
+    from ._mesh import ProcMesh
 
 __all__ = ["fetch_shard", "inspect", "rank_tensor", "rank_tensors"]
 
@@ -40,7 +40,7 @@ def fetch_shard(t: Any, shard: dict[str, int] | None = None, **coords: int) -> F
             "a local tensor is already here"
         )
     where = {**(shard or {}), **coords}
-    shape = t._procs._shape
+    shape = t._procs.view_shape
     for label in where:
         if label not in shape.labels:
             raise ValueError(f"fetch_shard: {t._procs!r} has no dimension {label!r}; its dimensions are "
@@ -78,7 +78,7 @@ def rank_tensor(procs: ProcMesh, dim: str) -> Tensor:
     Raises:
         ValueError: ``procs`` has no dimension ``dim``.
     """
-    shape = procs._shape
+    shape = procs.view_shape
     if dim not in shape.labels:
         raise ValueError(f"rank_tensor: {procs!r} has no dimension {dim!r}; its dimensions are {list(shape.labels)}")
     client = client_of(procs)
@@ -89,4 +89,4 @@ def rank_tensor(procs: ProcMesh, dim: str) -> Tensor:
 
 def rank_tensors(procs: ProcMesh) -> dict[str, Tensor]:
     """:func:`rank_tensor` for every dimension of ``procs``."""
-    return {dim: rank_tensor(procs, dim) for dim in procs._shape.labels}
+    return {dim: rank_tensor(procs, dim) for dim in procs.view_shape.labels}

@@ -28,7 +28,7 @@ from ._client import MeshClient, client_of, next_id
 from ._commands import OP, OPF, Ref
 
 if TYPE_CHECKING:
-    from ..proc_mesh import ProcMesh
+    from ._mesh import ProcMesh
 
 __all__ = ["Tensor", "activate", "active_mesh", "mesh_tensor", "no_mesh", "site", "to_meta", "unwrap"]
 
@@ -218,7 +218,7 @@ def _mesh_of(leaves: list[Any], what: Any) -> ProcMesh | None:
         if isinstance(leaf, Tensor):
             if procs is None:
                 procs = leaf._procs
-            elif leaf._procs is not procs and (leaf._procs._key, leaf._procs._shape) != (procs._key, procs._shape):
+            elif not procs.same_view(leaf._procs):
                 raise ValueError(
                     f"tensor engine: {what} mixes tensors of {procs!r} and {leaf._procs!r}; "
                     "every tensor of one operation must live on the same mesh (or slice)"
@@ -330,7 +330,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
         client = client_of(procs)
     else:
         procs, client = first._procs, first._client
-        if active is not None and active is not procs and (active._key, active._shape) != (procs._key, procs._shape):
+        # ``is`` first: inside ``activate()`` the tensors are nearly always of the active mesh object itself
+        if active is not None and active is not procs and not active.same_view(procs):
             raise ValueError(
                 f"tensor engine: {func} on a tensor of {procs!r} inside {active!r}.activate(); "
                 "activate the tensor's own mesh, or leave the active one"
@@ -364,7 +365,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
         command = _flat_command(name, args, kwargs, tuple(out_ids))
     else:
         command = (OP, name, tree_map(unwrap, args), tree_map(unwrap, kwargs), tuple(out_ids), site())
-    client.issue(procs._shape, command)
+    client.issue(procs.view_shape, command)
     return result
 
 

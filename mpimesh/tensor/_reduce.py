@@ -41,7 +41,7 @@ def _check_dtype(t: Tensor, reduction: str) -> None:
 
 
 def _dims(t: Tensor, dims: Any) -> tuple[str, ...]:
-    labels = t._procs._shape.labels
+    labels = t._procs.view_shape.labels
     names = (dims,) if isinstance(dims, str) else tuple(dims)
     if not names or not all(isinstance(d, str) for d in names):
         raise TypeError(f"tensor engine: dims must be a dimension name or a sequence of them, got {dims!r}")
@@ -60,7 +60,7 @@ def _prepare(t: Any, dims: Any, reduction: str, scatter: bool, mesh: Any) -> tup
         raise TypeError(
             f"tensor engine: reduce needs an mpimesh.Tensor (made inside procs.activate()), got {type(t).__name__}"
         )
-    if mesh is not None and (mesh._key, mesh._shape) != (t._procs._key, t._procs._shape):
+    if mesh is not None and not t._procs.same_view(mesh):
         raise ValueError(f"tensor engine: cannot reduce a tensor of {t._procs!r} over {mesh!r}; use its own mesh")
     if reduction not in REDUCTIONS:
         raise ValueError(f"tensor engine: unknown reduction {reduction!r}; use one of {list(REDUCTIONS)}")
@@ -68,7 +68,7 @@ def _prepare(t: Any, dims: Any, reduction: str, scatter: bool, mesh: Any) -> tup
     _check_dtype(t, reduction)
     n = 1
     for d in names:
-        n *= t._procs._shape.extent[d]
+        n *= t._procs.view_shape.extent[d]
     if scatter:
         if reduction == "stack":
             raise ValueError("tensor engine: scatter=True does not apply to 'stack'; stack gathers")
@@ -94,7 +94,7 @@ def _many(obj: Any, dims: Any, reduction: str, mesh: Any) -> tuple[list[Tensor],
     names: tuple[str, ...] = ()
     for leaf in leaves:
         _, names, _ = _prepare(leaf, dims, reduction, False, mesh)
-        if (leaf._procs._key, leaf._procs._shape) != (first._procs._key, first._procs._shape):
+        if not first._procs.same_view(leaf._procs):
             raise ValueError(f"tensor engine: reduce of a pytree mixes tensors of {first._procs!r} and "
                              f"{leaf._procs!r}; reduce each mesh's tensors apart")
         if leaf.dtype != first.dtype:
@@ -132,8 +132,8 @@ def reduce(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, 
         client = client_of(first._procs)
         results = [mesh_tensor(torch.empty_like(leaf._meta, device="meta"), first._procs, client, leaf.device)
                    for leaf in leaves]
-        client.issue(first._procs._shape, client.reduce_command(
-            first._procs._shape, names, tuple(x._id for x in leaves), tuple(x._id for x in results), reduction,
+        client.issue(first._procs.view_shape, client.reduce_command(
+            first._procs, names, tuple(x._id for x in leaves), tuple(x._id for x in results), reduction,
             False, site()))
         return tree_unflatten(results, spec)
     t, names, n = _prepare(t, dims, reduction, scatter, mesh)
@@ -146,8 +146,8 @@ def reduce(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, 
         meta = torch.empty_like(meta, device="meta")
     client = client_of(t._procs)
     result = mesh_tensor(meta, t._procs, client, t.device)
-    client.issue(t._procs._shape, client.reduce_command(
-        t._procs._shape, names, (t._id,), (result._id,), reduction, scatter, site()))
+    client.issue(t._procs.view_shape, client.reduce_command(
+        t._procs, names, (t._id,), (result._id,), reduction, scatter, site()))
     return result
 
 
@@ -164,11 +164,11 @@ def reduce_(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False,
         first = leaves[0]
         client = client_of(first._procs)
         ids = tuple(x._id for x in leaves)
-        client.issue(first._procs._shape, client.reduce_command(
-            first._procs._shape, names, ids, ids, reduction, False, site()))
+        client.issue(first._procs.view_shape, client.reduce_command(
+            first._procs, names, ids, ids, reduction, False, site()))
         return t
     t, names, _ = _prepare(t, dims, reduction, scatter, mesh)
     client = client_of(t._procs)
-    client.issue(t._procs._shape, client.reduce_command(
-        t._procs._shape, names, (t._id,), (t._id,), reduction, False, site()))
+    client.issue(t._procs.view_shape, client.reduce_command(
+        t._procs, names, (t._id,), (t._id,), reduction, False, site()))
     return cast(Tensor, t)

@@ -92,7 +92,7 @@ class Remote:
             self._sent.add(client)
         command = (REMOTE, self._key, self._fn if first else None, tree_map(unwrap, args), tree_map(unwrap, kwargs),
                    tuple(out_ids), site())
-        client.issue(procs._shape, command)
+        client.issue(procs.view_shape, command)
         return tree_unflatten(results, spec)
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from mpimesh._core.actor_lifecycle import Lifecycle, Phase
-from mpimesh._core.waits import Countdown, Deadline, when_all
+from mpimesh._waits import Countdown, Deadline, when_all
 from mpimesh.errors import MeshInternalError
 from mpimesh.future import Future
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future as _StdFuture
 from typing import Any
 
-from ..future import Future
+from .future import Future
 
 __all__ = ["Countdown", "Deadline", "when_all"]
 
