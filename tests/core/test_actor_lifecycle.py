@@ -1,4 +1,4 @@
-"""An actor's lifecycle (``_core.actor_lifecycle``) and the countdown helpers (``_core.waits``), without MPI.
+"""An actor's lifecycle (``_core.actor_lifecycle``) and the countdown helpers (``mpimesh._waits``), without MPI.
 
 What the phases mean to callers (refused calls, stops while ``__init__``
 runs, failures) is tested through real actors in ``tests/api`` and
