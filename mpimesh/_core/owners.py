@@ -243,18 +243,18 @@ class Owners:
             return obj
 
     def end(self) -> None:
-        """The job ends: run the closes that stay in this process, and empty the tree.
+        """The job ends: run the closes that stay in this process (channels' ports, attached objects).
 
         The role's end of the job stops every actor and every process by
         itself, so the stops that would send (actor meshes, process meshes)
-        are not sent again: their nodes are only forgotten.
+        are not sent again, and their nodes stay: a failure found while the
+        job ends still reaches its owner (``Failures`` reads the tree).
         """
         for node in list(self.root.walk()):
-            if node.kind is Kind.ROOT:
-                continue
-            self.forget(node)
-            if node._close is not None and node.kind in (Kind.CHANNEL, Kind.ATTACHED):
-                try:
-                    node._close("the job ends")
-                except Exception:  # the process is ending: nothing is left to tell
-                    pass
+            if node.kind in (Kind.CHANNEL, Kind.ATTACHED):
+                self.forget(node)
+                if node._close is not None:
+                    try:
+                        node._close("the job ends")
+                    except Exception:  # the process is ending: nothing is left to tell
+                        pass
