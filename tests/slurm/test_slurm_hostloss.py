@@ -130,8 +130,10 @@ def cluster() -> Iterator[None]:
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    states = _sh("sinfo", "-h", "-N", "-o", "%N %t").split()
-    assert states == [w for h in HOSTS for w in (h, "idle")], f"the nodes are not idle: {states}"
+    want, deadline = [w for h in HOSTS for w in (h, "idle")], time.monotonic() + 30
+    while (states := _sh("sinfo", "-h", "-N", "-o", "%N %t").split()) != want and time.monotonic() < deadline:
+        time.sleep(0.2)  # a node revived by the previous test registers again
+    assert states == want, f"the nodes are not idle: {states}"
     yield
     revived = subprocess.run(["bash", str(CI), "revive", LOST], capture_output=True, text=True, timeout=60,
                              check=False)
