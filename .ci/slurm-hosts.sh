@@ -251,7 +251,7 @@ revive() {
     timeout "$T" scontrol update nodename="$h" state=resume > /dev/null 2>&1 || true
     wait_state idle 1 "$h" 2> /dev/null && { log "revived $h"; return 0; }
   done
-  wait_state idle 10 "$h" || die "$h is not idle after revive"
+  wait_state idle 30 "$h" || die "$h is not idle after revive"
   log "revived $h"
 }
 
