@@ -8,7 +8,8 @@
 #      Open MPI 5 and on MPICH 5,
 #   2b. as root, the runtime tests and the fault matrix across 2 simulated hosts (.ci/hosts-tests.sh),
 #   3. the SLURM job templates on a local single-node SLURM (when CI=true or
-#      MPIMESH_TEST_SLURM=1; needs root and apt).
+#      MPIMESH_TEST_SLURM=1; needs root and apt), then (CI=true) a host lost under a
+#      running job on a 3-node Slurm of simulated hosts (.ci/slurm-hosts-tests.sh).
 # Every step is bounded; the script stops at the first failure.
 #
 # Variables: MPIMESH_TEST_MPICH=0 skips MPICH; MPIMESH_TEST_SLURM=0 skips SLURM;
@@ -98,5 +99,11 @@ fi
 if [ "${MPIMESH_TEST_SLURM:-${CI:-0}}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" != 0 ]; then
   echo "== SLURM job templates"
   timeout 900 bash .ci/slurm-jobs.sh
+fi
+# A whole host lost under a running job (issue #27): a 3-node Slurm on simulated hosts
+# (.ci/slurm-hosts.sh), root only (it skips loudly otherwise); under 5 minutes.
+if [ "${CI:-0}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" != 0 ]; then
+  echo "== a lost host under Slurm (tests/slurm on .ci/slurm-hosts.sh)"
+  timeout 300 bash .ci/slurm-hosts-tests.sh
 fi
 .venv/bin/python scripts/summarize_junit.py "$reports"

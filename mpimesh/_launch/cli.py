@@ -55,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from .discover import MpiLibrary, find_mpiexec, no_mpiexec_message, probe_library, query_tool
+from .survival import notify_report
 
 __all__ = ["main"]
 
@@ -82,7 +83,7 @@ run options:
 
 info options:
   --get KEY         print one value of the JSON report, e.g. mpiexec,
-                    mpi_vendor, ulfm, srun_mpi, wire, wire_reason
+                    mpi_vendor, ulfm, srun_mpi, wire, wire_reason, pmix_notify
 """
 
 
@@ -458,6 +459,7 @@ def info_report(python: str, environ: Mapping[str, str]) -> dict[str, object]:
         "srun_mpi": {"openmpi": "pmix", "mpich": "pmi2", "intel": "pmi2"}.get(lib.vendor),
         "wire": wire,
         "wire_reason": wire_reason,
+        "pmix_notify": notify_report(),  # the interposer srun --mpi=pmix needs to outlive a host (issue #27)
     }
 
 

@@ -28,20 +28,28 @@ What was checked, and on which Open MPI, is in docs/design/runtime.md
 ("Job status: what was measured").  Caveat: PRRTE records the status only on
 the node that runs ``prterun`` (where rank 0 runs unless a hostfile or
 ``--host`` puts it elsewhere).
+
+A launcher's own status can lie the other way too (issue #27): ``srun``'s is
+the highest of every task's, so a worker that died and was handled fails the
+job, and a node lost under ``srun --no-kill`` or ``prterun`` gives 0.  So the
+controller also writes the job's status to ``MPIMESH_STATUS_FILE`` when that
+is set (the ``jobs/slurm`` templates set it and exit with it; a job whose
+controller never wrote it, killed or lost with its node, failed).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from .._transport.mpi import fault_tolerant, library
+from .._transport.mpi import MPI, fault_tolerant, library
 from ..config import settings
 
-__all__ = ["set_job_exit_status"]
+__all__ = ["set_job_exit_status", "write_status_file"]
 
 # pmix_common.h: PMIX_MAX_NSLEN, PMIX_RANK_WILDCARD
 _NSLEN = 255
@@ -99,6 +107,8 @@ def set_job_exit_status(code: int, *, timeout: float = 2.0) -> bool:
     """
     global _recorded
     code &= 0xFF
+    if _controller():
+        write_status_file(code)
     if _recorded is not None:
         return True
     if code == 0 or not _wanted():
@@ -119,3 +129,25 @@ def set_job_exit_status(code: int, *, timeout: float = 2.0) -> bool:
         return False
     _recorded = code
     return True
+
+
+def _controller() -> bool:
+    # Rank 0 of the launch world (or the singleton); a spawned island's rank 0 has a parent.
+    return MPI.COMM_WORLD.Get_rank() == 0 and MPI.Comm.Get_parent() == MPI.COMM_NULL
+
+
+def write_status_file(code: int) -> None:
+    """Write ``code`` to ``MPIMESH_STATUS_FILE`` when it is set; a later call overwrites it (the last status wins).
+
+    The controller calls it (through :func:`set_job_exit_status`) once every
+    worker has stopped, and again with the final status as it leaves.
+    """
+    path = os.environ.get("MPIMESH_STATUS_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="ascii") as file:
+            file.write(f"{code & 0xFF}\n")
+    except OSError as exc:
+        print(f"mpimesh: warning: cannot write the job's status to MPIMESH_STATUS_FILE={path}: {exc}",
+              file=sys.stderr, flush=True)

@@ -13,6 +13,8 @@ import threading
 
 import mpi4py
 
+from .._launch import survival
+
 
 def _environment_defaults() -> None:
     """Settings that must be in the environment before ``MPI_Init``.
@@ -60,7 +62,34 @@ def _environment_defaults() -> None:
             os.environ.setdefault(name, "1")
 
 
+def _host_loss_settings() -> None:
+    """What a job needs, before ``MPI_Init``, to outlive a lost host under its launcher (issue #27).
+
+    Under Slurm's PMIx direct launch with Open MPI: ULFM with its detector and
+    propagation (the user's own values win) and the ``PMIx_Notify_event``
+    interposer, loaded ``RTLD_GLOBAL`` so that libmpi binds to it
+    (``_launch/survival.py``); task 0 says so when the interposer is missing.
+    Under a multi-host ``mpiexec``, rank 0 says once that a lost host ends the
+    job there.  ``MPIMESH_MPI_DEFAULTS=0`` turns all of it off.
+    """
+    if os.environ.get("MPIMESH_MPI_DEFAULTS", "1") in ("0", "false", "no"):
+        return
+    if survival.slurm_pmix_direct(os.environ):
+        if not survival.open_mpi_expected(sys.prefix, os.environ):
+            return
+        os.environ.update(survival.direct_launch_settings(os.environ))
+        why = survival.load_notify_interposer(os.environ)
+        if why and why != "MPIMESH_PMIX_NOTIFY=0" and os.environ.get("SLURM_PROCID") == "0":
+            print(f"mpimesh: warning: {why}: Slurm will cancel this step at the first dead process "
+                  "instead of letting the survivors go on", file=sys.stderr, flush=True)
+        return
+    notice = survival.host_loss_notice(os.environ, sys.argv)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
+
+
 _environment_defaults()
+_host_loss_settings()
 
 # Our progress engine serializes every MPI call behind one lock, so
 # MPI_THREAD_SERIALIZED would do; ask for MULTIPLE (mpi4py's default) so that

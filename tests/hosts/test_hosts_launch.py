@@ -83,3 +83,6 @@ def test_mpimesh_run_places_ranks_and_keeps_the_survivors(tmp_path: Path) -> Non
     recover = job.rows["recover"]
     assert recover["type"] is None and len(recover["value"]) == 2, job.describe()
     assert_ended(job, 0)
+    # Once, from the controller: a lost host would end this job under mpiexec (issue #27).
+    assert job.stderr.count("mpimesh: this job spans hosts under mpiexec (PRRTE): if a whole host is lost") == 1, (
+        job.describe())

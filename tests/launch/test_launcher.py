@@ -504,7 +504,7 @@ def test_main_info_unknown_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err == (
         "mpimesh: error: mpimesh info: expecting a key among python, mpi4py, mpi_vendor,"
         " mpi_library_version, mpi_standard, libmpi, mpiexec, mpiexec_candidates, ulfm,"
-        " cuda_aware, srun_mpi, wire, wire_reason, got 'nope'\n"
+        " cuda_aware, srun_mpi, wire, wire_reason, pmix_notify, got 'nope'\n"
     )
 
 
