@@ -3,7 +3,7 @@
 Open MPI's shared-memory transport moves a large message with one
 cross-process copy (``process_vm_readv``), and the kernel pins the source's
 pages one by one.  torch's CPU allocator hands out 4 KiB pages; numpy's
-advises huge pages for large arrays, and a 64 MiB Send from it ran 1.2-1.7x
+advises huge pages for large arrays, and a 64 MiB Send from it ran 1.2-1.6x
 faster (docs/design/data.md, "Where a Send loses its speed").  Memory that
 mpimesh allocates for large tensors comes from
 :func:`mpimesh._transport.buffers.huge_block`; :func:`empty_fast` gives the

@@ -32,7 +32,7 @@ _PAGE = 4096
 
 #: Transparent huge page size.  The kernel's cross-process copy (which Open
 #: MPI's shared-memory transport uses for large messages) pins the source's
-#: pages one by one: from 4 KiB pages a 64 MiB Send ran 1.2-1.7x slower
+#: pages one by one: from 4 KiB pages a 64 MiB Send ran 1.2-1.6x slower
 #: than from huge pages (docs/design/data.md, "Where a Send loses its speed").
 HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14

@@ -1,6 +1,6 @@
 """Large buffers that mpimesh allocates are 2 MiB-aligned and advised into huge pages.
 
-A 64 MiB Send from 4 KiB pages ran 1.2-1.7x slower than from huge pages
+A 64 MiB Send from 4 KiB pages ran 1.2-1.6x slower than from huge pages
 (docs/design/data.md, "Where a Send loses its speed"): these tests pin the
 allocation property, not a timing.
 """
