@@ -42,6 +42,8 @@ from .proc_mesh import this_host as this_host
 from .proc_mesh import this_proc as this_proc
 from .rma import RDMAAction as RDMAAction
 from .rma import RDMABuffer as RDMABuffer
+from .rma import empty_fast as empty_fast
+from .rma import empty_like_fast as empty_like_fast
 from .rma_backend import RDMAReadTransferWarning as RDMAReadTransferWarning
 from .rma_backend import RDMATcpFallbackWarning as RDMATcpFallbackWarning
 from .rma_backend import RDMAWriteTransferWarning as RDMAWriteTransferWarning
@@ -105,6 +107,8 @@ __all__ = [
     "current_size",
     "debug_controller",
     "distribute",
+    "empty_fast",
+    "empty_like_fast",
     "enable_transport",
     "endpoint",
     "fetch_shard",

@@ -52,13 +52,14 @@ from ._core.calls import Here
 from ._data import buffers as _buffers
 from ._data import cma as _cma
 from ._data import pulls as _pulls
+from ._data.hugepages import empty_fast, empty_like_fast
 from ._data.registry import registry as _registry
 from ._waits import when_all
 from .context import context
 from .errors import SupervisionError
 from .future import Future
 
-__all__ = ["RDMABuffer", "RDMAAction"]
+__all__ = ["RDMABuffer", "RDMAAction", "empty_fast", "empty_like_fast"]
 
 Addr = tuple[int, int]
 

@@ -15,6 +15,8 @@ is used, so a process that only ever gets small messages never loads it.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import sys
 import threading
 from dataclasses import dataclass
@@ -23,11 +25,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = [
-    "POOL_LIMIT_BYTES", "PoolStatistics", "copy_buffer", "layout", "pieces", "pool_statistics", "recv_buffer"
-]
+__all__ = ["HUGE_PAGE", "POOL_LIMIT_BYTES", "PoolStatistics", "copy_buffer", "huge_block", "layout", "pieces",
+           "pool_statistics", "recv_buffer"]
 
 _PAGE = 4096
+
+#: Transparent huge page size.  The kernel's cross-process copy (which Open
+#: MPI's shared-memory transport uses for large messages) pins the source's
+#: pages one by one: from 4 KiB pages a 64 MiB Send ran 1.2-1.6x slower
+#: than from huge pages (docs/design/data.md, "Where a Send loses its speed").
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
 
 #: The most bytes the receive pool keeps (the data plane's staging pool keeps as much).
 POOL_LIMIT_BYTES = 1 << 30
@@ -112,7 +120,8 @@ class _Pool:
                 self._blocks.append(best)  # most recently used last
             else:
                 self.misses += 1
-                best = np.empty((need + _PAGE - 1) // _PAGE * _PAGE, np.uint8)
+                best = huge_block(need) if need >= HUGE_PAGE else np.empty((need + _PAGE - 1) // _PAGE * _PAGE,
+                                                                               np.uint8)
                 self._blocks.append(best)
                 self._bytes += best.nbytes
                 while len(self._blocks) > 1 and (self._bytes > self.limit_bytes
@@ -128,6 +137,43 @@ class _Pool:
 
 
 _pool = _Pool()
+_libc: Any = None
+
+
+def _madvise(addr: int, nbytes: int, advice: int) -> int:
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _libc = libc
+    return int(_libc.madvise(addr, nbytes, advice))
+
+
+def huge_block(nbytes: int) -> np.ndarray:
+    """An untouched uint8 array of at least ``nbytes`` bytes, 2 MiB-aligned and advised into huge pages.
+
+    Its own anonymous mapping, ``madvise(MADV_HUGEPAGE)`` before any page is
+    touched, so that the kernel backs it with huge pages where
+    ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``always`` or
+    ``madvise`` (the default of most distributions); glibc's and torch's
+    allocators give neither the alignment nor the advice.  Its base is the
+    mapping's memoryview (not another array), so views of it refer to it, as
+    the pool's reference counting needs; the memory goes back to the kernel
+    when the last view dies.
+    """
+    import numpy as np
+
+    size = -(-max(nbytes, 1) // HUGE_PAGE) * HUGE_PAGE
+    region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = np.frombuffer(region, np.uint8)
+    start = -int(whole.ctypes.data) % HUGE_PAGE
+    # A slice of `whole` would hand its views `whole` as their base; a fresh
+    # array over the aligned bytes has the mapping as its own base instead.
+    block = np.frombuffer(region, np.uint8, size, start)
+    del whole
+    _madvise(int(block.ctypes.data), size, _MADV_HUGEPAGE)  # advice only: an error changes nothing
+    return block
+
 
 # MPI-3 counts are C ints: a raw buffer of 2 GiB or more travels in pieces of
 # at most this many bytes (Open MPI 5 reports MPI 3.1, without MPI_Isend_c).
