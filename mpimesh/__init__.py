@@ -27,6 +27,7 @@ from .context import current_rank as current_rank
 from .context import current_size as current_size
 from .debug import debug_controller as debug_controller
 from .errors import ActorError as ActorError
+from .errors import DeviceMeshError as DeviceMeshError
 from .errors import MeshInternalError as MeshInternalError
 from .errors import RemoteException as RemoteException
 from .errors import RemoteTensorError as RemoteTensorError
@@ -36,6 +37,7 @@ from .future import Future as Future
 from .proc_mesh import HostMesh as HostMesh
 from .proc_mesh import ProcMesh as ProcMesh
 from .proc_mesh import get_or_spawn_controller as get_or_spawn_controller
+from .proc_mesh import heal_mesh as heal_mesh
 from .proc_mesh import host_mesh as host_mesh
 from .proc_mesh import shutdown_context as shutdown_context
 from .proc_mesh import this_host as this_host
@@ -71,6 +73,7 @@ __all__ = [
     "Channel",
     "ChannelTransport",
     "Context",
+    "DeviceMeshError",
     "Endpoint",
     "Extent",
     "Future",
@@ -116,6 +119,7 @@ __all__ = [
     "get_active_mesh",
     "get_or_spawn_controller",
     "get_rdma_backend",
+    "heal_mesh",
     "host_mesh",
     "hosts_from_config",
     "inspect",

@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "ActorError",
+    "DeviceMeshError",
     "MeshInternalError",
     "RemoteException",
     "RemoteTensorError",
@@ -183,6 +184,11 @@ class SupervisionError(RuntimeError):
 
 def _rebuild_supervision_error(message: str, endpoint: str) -> SupervisionError:
     return SupervisionError(message, endpoint=endpoint)
+
+
+#: The name the brief's programs catch a lost device or node by (``from monarch.exceptions import
+#: DeviceMeshError``): the same class as :class:`SupervisionError`, so either ``except`` catches it.
+DeviceMeshError = SupervisionError
 
 
 class MeshInternalError(Exception):

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any, TypeVar, cast
 
 from ._core import calls as _calls
+from ._core import heal as _heal
 from ._core import hooks as _hooks
 from ._core import serialize as _serialize
 from ._waits import when_all
@@ -26,7 +27,10 @@ from .context import register_this_proc
 from .future import Future
 from .shape import MeshTrait, Shape
 
-__all__ = ["HostMesh", "ProcMesh", "get_or_spawn_controller", "host_mesh", "shutdown_context", "this_host", "this_proc"]
+__all__ = [
+    "HostMesh", "ProcMesh", "get_or_spawn_controller", "heal_mesh", "host_mesh", "shutdown_context", "this_host",
+    "this_proc",
+]
 
 T = TypeVar("T")
 Addr = tuple[int, int]
@@ -176,6 +180,46 @@ class ProcMesh(MeshTrait):
                 f"cannot attach {name!r} to {self!r}: `ProcMesh` has already been stopped; "
                 "create new processes with spawn_procs()"
             ) from None
+
+    def heal(self, *, timeout: float | None = None) -> ProcMesh:
+        """Replace this mesh's dead processes in place and make their actors again; returns this mesh.
+
+        The mesh keeps its shape: each dead process is replaced by a spare
+        (a launch-pool rank no mesh holds: one of the dead process's host
+        first, then of any host; ``mpimesh run --spares-per-host K`` keeps
+        some), else by a process spawned on that host (or on the
+        controller's, when the host is lost).  Every actor mesh spawned on
+        it from this process gets a new actor on each replacement, made
+        with the mesh's original constructor arguments (``__init__`` runs
+        again: restore its state from a survivor or a checkpoint); the
+        actors of healthy processes are not touched, and calls to them go
+        on during the heal.  Slices and handles taken before the heal by
+        this process follow it; a mesh handed to another actor does not
+        (hand it again).  Blocks until the new actors are initialized.  A
+        mesh with no dead process is returned as it is.
+
+        Args:
+            timeout: seconds to wait for the new actors (default ``MPIMESH_SPAWN_TIMEOUT``).
+
+        Raises:
+            RuntimeError: this is a reference (a slice or a received mesh), the mesh
+                was stopped, it is healed from an actor, or there is no spare
+                and spawning failed (the message says what to launch instead).
+            ActorError: a re-made actor's ``__init__`` raised.
+            TimeoutError: the new actors were not ready in time.
+        """
+        if not self._owned:
+            raise RuntimeError(
+                f"cannot heal {self!r}: it is a reference (a slice or a received mesh); "
+                "call heal() on the mesh that spawn_procs() returned"
+            )
+        if self._stopped:
+            raise RuntimeError(
+                f"cannot heal {self!r}: `ProcMesh` has already been stopped; create new processes with spawn_procs()"
+            )
+        healed = _heal.heal(self._key, list(self._shape.ranks()), self._addrs, self._hosts, timeout=timeout)
+        self._addrs, self._hosts = healed.addrs, healed.hosts
+        return self
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor on these processes and give the processes back.
@@ -393,6 +437,29 @@ def shutdown_context() -> Future[None]:
     goes on (it ends when the controller script ends).
     """
     return when_all(_calls.stop_all_procs("shutdown_context()"), "shutdown_context()")
+
+
+def heal_mesh(mesh: ProcMesh, *, timeout: float | None = None) -> ProcMesh:
+    """The brief's ``heal_mesh(mesh)``: :meth:`ProcMesh.heal` -- the same mesh, its dead processes replaced.
+
+    Catch the failure, heal, and run the step again::
+
+        try:
+            result = trainers.step.call(batch).get()
+        except DeviceMeshError:
+            procs = heal_mesh(procs)      # trainers has a new actor on each replacement
+            result = trainers.step.call(batch).get()
+
+    Raises:
+        TypeError: ``mesh`` is not a process mesh.
+        RuntimeError, ActorError, TimeoutError: as :meth:`ProcMesh.heal`.
+    """
+    if not isinstance(mesh, ProcMesh):
+        raise TypeError(
+            f"heal_mesh() takes the ProcMesh that spawn_procs() returned, got {type(mesh).__name__}; "
+            "for an actor mesh, heal the processes it runs on (its proc_mesh)"
+        )
+    return mesh.heal(timeout=timeout)
 
 
 def this_host() -> HostMesh:

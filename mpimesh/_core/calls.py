@@ -46,6 +46,7 @@ from . import current as _current
 from . import protocol
 from . import serialize as _serialize
 from .failures import Owned
+from .heal import Recipe
 from .logs import warn
 from .owners import Kind
 from .ports import Gather, OneReply, Port, PortReceiver, Queue, Receiver
@@ -155,7 +156,7 @@ class MeshRef:
     stopped; every operation returns at once.
     """
 
-    __slots__ = ("key", "shape", "addrs", "cls", "_targets", "_points", "_sites", "_here")
+    __slots__ = ("key", "shape", "addrs", "cls", "_targets", "_points", "_sites", "_here", "_owned", "__weakref__")
 
     def __init__(self, key: Key, shape: Shape, addrs: tuple[Addr, ...], cls: str = "") -> None:
         self.key = key
@@ -169,6 +170,8 @@ class MeshRef:
         self._sites: dict[Any, tuple[int, Addr]] = {}
         # whether every actor of this view runs on this process's host, found on the first large cast
         self._here: bool | None = None
+        # the spawner's record of the mesh, on the spawner's handles only: a heal re-points them (``repoint``)
+        self._owned: Owned | None = None
 
     def __repr__(self) -> str:
         return f"MeshRef({self.key}, {self.shape!r})"
@@ -189,7 +192,20 @@ class MeshRef:
 
     def new_with_shape(self, shape: Shape) -> MeshRef:
         """A handle on the view ``shape`` of the same mesh."""
-        return MeshRef(self.key, shape, self.addrs, self.cls)
+        ref = MeshRef(self.key, shape, self.addrs, self.cls)
+        owned = self._owned
+        if owned is not None:
+            ref._owned = owned
+            owned.handles.add(ref)
+        return ref
+
+    def repoint(self, addrs: tuple[Addr, ...]) -> None:
+        """The mesh's actors now live at ``addrs`` (a heal replaced dead processes): forget what was resolved."""
+        self.addrs = addrs
+        self._targets = None
+        self._points = []
+        self._sites.clear()
+        self._here = None
 
     @property
     def targets(self) -> list[Addr]:
@@ -234,20 +250,24 @@ class MeshRef:
         port = (rt.addr, port_id)
         instance = context().actor_instance
         creator = (instance.actor_id, rt.addr)
-        owned = Owned(name, class_name, tuple(addrs), shape)
+        # Classes from importable modules travel by reference: the workers
+        # need the spawner's sys.path (pytest, for one, extends it late).
+        path = list(sys.path)
+        recipe = Recipe(is_async, body, buffers, creator, path)
+        owned = Owned(name, class_name, tuple(addrs), shape, recipe)
         rt.owners.adopt(
             rt.owners.owner_of(instance._actor), Kind.ACTOR_MESH, name,
             lambda reason: _stop_mesh(rt, key, name, shape, list(owned.addrs), reason), key=key, payload=owned,
         )
         sizes = _sizes(buffers)
-        # Classes from importable modules travel by reference: the workers
-        # need the spawner's sys.path (pytest, for one, extends it late).
-        path = list(sys.path)
         for rank, addr in enumerate(addrs):
             point = (rank, shape.labels, shape.sizes)
             frame = protocol.spawn(sizes, key, name, point, is_async, body, port, creator, path)
             _post(rt, addr, frame, buffers, waiting, port_id)
-        return cls(key, shape.dense(), tuple(addrs), class_name), fut
+        ref = cls(key, shape.dense(), tuple(addrs), class_name)
+        ref._owned = owned
+        owned.handles.add(ref)
+        return ref, fut
 
     def stop(self, what: str, reason: str) -> Future[None]:
         """Stop every actor of this (whole) mesh after its pending messages; done once all have.

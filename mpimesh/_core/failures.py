@@ -24,6 +24,7 @@ is told, whether the job survives it) is the role's, through :class:`Role`.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..supervision import MeshFailure
@@ -72,15 +73,22 @@ class Owned:
         class_name: its actor class's ``__qualname__``.
         addrs: the process of each of its ranks.
         shape: its shape (for the coordinates in reports).
+        recipe: how its actors were made (``_core.heal.Recipe``), so that a
+            heal can make a dead rank's actor again; None where that is not possible.
     """
 
-    __slots__ = ("name", "class_name", "addrs", "shape")
+    __slots__ = ("name", "class_name", "addrs", "shape", "recipe", "handles")
 
-    def __init__(self, name: str, class_name: str, addrs: tuple[Addr, ...], shape: Shape) -> None:
+    def __init__(
+        self, name: str, class_name: str, addrs: tuple[Addr, ...], shape: Shape, recipe: Any = None
+    ) -> None:
         self.name = name
         self.class_name = class_name
         self.addrs = addrs
         self.shape = shape
+        self.recipe = recipe
+        #: this process's handles on the mesh (its ``MeshRef`` and every view of it), which a heal re-points
+        self.handles: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def failure(self, ranks: list[int], cause: str) -> MeshFailure:
         """The failure of ``ranks`` of this mesh, for ``cause``."""

@@ -199,6 +199,13 @@ class Gather(Receiver):
     def owes(self) -> bool:
         return self.count < self.n
 
+    def skip(self, indices: Iterable[int]) -> None:
+        """Points that will not answer this time, taken as answered ``None`` (a heal re-creates some actors only)."""
+        for index in indices:
+            if not self.seen[index]:
+                self.seen[index] = 1
+                self.count += 1
+
     def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
         if self.seen[index]:
             return False  # twice: once up a cast's tree, once from a resend (``relays``)

@@ -78,6 +78,10 @@ class Role(_failures.Role, Protocol):
         """``per_host`` worker processes on each of ``hosts`` for a new mesh, as ``(addr, host)`` (blocking)."""
         ...
 
+    def replace(self, hosts: list[str]) -> list[tuple[Addr, str]]:
+        """A process for each of ``hosts``, to replace a dead one there, as ``(addr, host)`` (blocking; heal)."""
+        ...
+
     def job_hosts(self) -> list[str]:
         """The job's hosts, in launch order (blocking)."""
         ...

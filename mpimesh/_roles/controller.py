@@ -142,6 +142,32 @@ class Controller(BaseRole):
                 row.extend(next(new) for _ in range(per_host - len(row)))
         return [(a, self.procs[a].host) for row in rows for a in row]
 
+    def replace(self, hosts: list[str]) -> list[tuple[Addr, str]]:
+        """A new process for each of ``hosts``, to replace a dead one there (``ProcMesh.heal``); ``(addr, host)``.
+
+        Spares first (``Pool.take_spares``: a free pool rank of that host,
+        else of another); the rest are spawned, on their host if it still
+        runs a process of the job, else on the controller's.
+        """
+        picked = self.pool.take_spares(hosts)
+        wanted = [host if self.pool.host_lives(host) else self.rt.host
+                  for host, addr in zip(hosts, picked, strict=True) if addr is None]
+        if wanted:
+            counts = list(dict.fromkeys(wanted))
+            try:
+                spawned = iter(self.islands.spawn([(host, wanted.count(host)) for host in counts]))
+            except BaseException as exc:
+                self.pool.give_back([a for a in picked if a is not None])
+                raise RuntimeError(
+                    f"cannot heal: {len(wanted)} dead processes have no spare rank to take over and spawning failed "
+                    f"({exc}); launch with spare ranks, e.g. `mpimesh run --spares-per-host 1 ...` or more srun tasks"
+                ) from exc
+            by_host = {host: [next(spawned) for _ in range(wanted.count(host))] for host in counts}
+            for i, addr in enumerate(picked):
+                if addr is None:
+                    picked[i] = by_host[wanted.pop(0)].pop(0)
+        return [(a, self.procs[a].host) for a in picked if a is not None]
+
     def named_actor(self, name: str, body: bytes) -> Any:
         """The singleton actor mesh ``name`` in this process, spawned from ``body`` (class, args) if new."""
         return self.named.get_or_spawn(name, body)

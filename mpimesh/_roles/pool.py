@@ -72,6 +72,36 @@ class Pool:
                     missing.append((host, per_host - len(take)))
         return rows, missing
 
+    def take_spares(self, hosts: list[str]) -> list[Addr | None]:
+        """One free rank (a spare) for each of ``hosts``, to replace a dead process there (``ProcMesh.heal``).
+
+        Every free pool rank is a spare.  For each wanted host a spare of that
+        host is taken first; what is left is served, in order, by the free
+        ranks of the other hosts (those of the controller's host last: it
+        runs the script); ``None`` where no spare is left, for the caller to
+        spawn.
+        """
+        with self.procs.lock:
+            free = self.free_ranks()
+            picked: list[Addr | None] = []
+            for host in hosts:
+                here = next((a for a in free if self.procs[a].host == host), None)
+                picked.append(here)
+                if here is not None:
+                    free.remove(here)
+            free.sort(key=lambda a: (self.procs[a].host == self._host, a))
+            for i, addr in enumerate(picked):
+                if addr is None and free:
+                    picked[i] = free.pop(0)
+            for addr in picked:
+                if addr is not None:
+                    self.procs[addr].allocated = True
+            return picked
+
+    def host_lives(self, host: str) -> bool:
+        """Whether ``host`` still runs a live process of the job (the controller's host always does)."""
+        return host == self._host or any(p.host == host and not p.gone for p in self.procs.values())
+
     def give_back(self, addrs: list[Addr]) -> None:
         """No mesh holds ``addrs`` any more: the pool's ranks among them are free again (unless dead)."""
         with self.procs.lock:

@@ -221,6 +221,13 @@ class Worker(BaseRole):
         placed: list[tuple[Addr, str]] = fut.get()
         return placed
 
+    def replace(self, hosts: list[str]) -> list[tuple[Addr, str]]:
+        """Healing takes spares from the controller's pool: only the controller script heals a mesh."""
+        raise RuntimeError(
+            "cannot heal a process mesh from an actor: healing runs on the controller; call heal_mesh(procs) in "
+            "the script (an actor may report the failure to it, e.g. through a Channel)"
+        )
+
     def named_actor(self, name: str, body: bytes) -> Any:
         """The controller's singleton actor mesh ``name`` (blocking)."""
         fut = OneReply("get_or_spawn_controller", "get_or_spawn_controller", CONTROLLER)

@@ -46,7 +46,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "mpimesh"
 
 LEAVES = {"shape", "_shape_checks", "_shape_points", "value_mesh", "future", "errors", "context", "supervision",
-          "config", "_version", "transport_names", "rma_backend", "_waits"}
+          "config", "_version", "transport_names", "rma_backend", "_waits", "exceptions"}
 PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma", "debug"}
 TOOLS = {"spmd"}
 

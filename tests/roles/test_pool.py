@@ -70,3 +70,24 @@ def test_no_room_says_what_to_launch(ranks: list[tuple[int, str]], fix: str) -> 
     message = pool.no_room([(pool.hosts[-1], 3)], "MPI_Comm_spawn failed (no)")
     assert message == (f"cannot start 3 worker processes (3 on {pool.hosts[-1]}): the launch pool has no free rank "
                        f"there and MPI_Comm_spawn failed (no); {fix}")
+
+
+def test_spares_come_from_the_dead_process_host_first_then_any_other() -> None:
+    """Every free rank is a spare: one of the wanted host first, then another host's (the controller's last)."""
+    pool = make_pool([(1, "h0"), (2, "h1"), (3, "h1"), (4, "h2"), (5, "h0"), (6, "h2")])
+    pool.take(1, ["h0", "h1", "h2"])  # a mesh holds 1, 2 and 4: the spares are 3 (h1), 5 (h0) and 6 (h2)
+    assert pool.take_spares(["h1", "h2"]) == [(0, 3), (0, 6)]
+    # h1 has no spare left: the other hosts' serve, the controller's host (h0) last
+    assert pool.take_spares(["h1"]) == [(0, 5)]
+    assert pool.take_spares(["h2"]) == [None]
+    assert pool.free_ranks() == []
+
+
+def test_a_lost_host_has_no_spare_and_no_life() -> None:
+    """A host whose every process died serves no spare; the wanted process comes from a living host."""
+    pool = make_pool([(1, "h0"), (2, "h1"), (3, "h1"), (4, "h0")])
+    pool.take(1, ["h1"])
+    for rank in (2, 3):
+        pool.procs[(0, rank)].dead = True
+    assert not pool.host_lives("h1") and pool.host_lives("h0")
+    assert pool.take_spares(["h1"]) == [(0, 1)]

@@ -1,0 +1,129 @@
+"""Healing a process mesh in place: its dead processes replaced, their actors made again.
+
+``ProcMesh.heal()`` (``mpimesh.heal_mesh``) asks the controller's role for
+one process per dead rank (a spare of the launch pool on the dead process's
+host first, then a spare of any host, then a spawn: ``Controller.replace``),
+then, for every actor mesh of this process that had an actor on a dead
+process, makes that actor again on its replacement from the mesh's
+:class:`Recipe` (the pickled class and constructor arguments of the spawn,
+with the same key, name and point), and re-points this process's handles on
+the mesh (``MeshRef.repoint``).  Actors on healthy processes are not
+touched: their state and their calls go on.
+
+What a heal does not carry over: the dead actors' state (their constructor
+runs again; restore it from a survivor or a checkpoint), handles on the mesh
+held by other processes (an actor that was handed the mesh still addresses
+the dead process: hand it the healed mesh again), and objects attached to
+the process mesh (the tensor engine's client is made anew on its next use).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..config import settings
+from ..future import Future
+from ..shape import Shape
+from . import current as _current
+from . import protocol
+from .owners import Kind
+from .ports import Gather
+
+if TYPE_CHECKING:
+    from .failures import Owned
+
+__all__ = ["Healed", "Recipe", "heal"]
+
+Addr = tuple[int, int]
+
+
+class Recipe(NamedTuple):
+    """How the actors of a mesh were made, kept with the mesh so that a heal can make one again."""
+
+    is_async: bool
+    body: bytes
+    buffers: list[Any]
+    creator: tuple[str, Addr]
+    path: list[str]
+
+
+class Healed(NamedTuple):
+    """What a heal did: the base indices it replaced, the mesh's new processes and hosts."""
+
+    ranks: list[int]
+    addrs: tuple[Addr, ...]
+    hosts: tuple[str, ...]
+
+
+def heal(key: Any, ranks: list[int], addrs: tuple[Addr, ...], hosts: tuple[str, ...], *,
+         timeout: float | None = None) -> Healed:
+    """Replace the dead processes among ``ranks`` (base indices) of the process mesh ``key``; blocks.
+
+    Returns once every re-made actor's ``__init__`` has run, or raises the
+    first one's error (``ActorError``), or ``TimeoutError`` after
+    ``timeout`` seconds (default ``MPIMESH_SPAWN_TIMEOUT``).
+
+    Raises:
+        RuntimeError: there is no spare and no process could be spawned (the message says what to launch).
+    """
+    rt = _current.current()
+    dead = rt.dead
+    lost = [i for i in ranks if addrs[i] in dead]
+    if not lost:
+        return Healed([], addrs, hosts)
+    placed = rt.role.replace([hosts[i] for i in lost])
+    new_addrs, new_hosts = list(addrs), list(hosts)
+    moved: dict[Addr, Addr] = {}
+    for i, (addr, host) in zip(lost, placed, strict=True):
+        moved[addrs[i]] = addr
+        new_addrs[i], new_hosts[i] = addr, host
+    rt.hosts.update((addr, host) for addr, host in placed)
+    _drop_attached(rt, key)
+    waits = [_remake(rt, node.key, node.payload, moved) for node in rt.owners.of_kind(Kind.ACTOR_MESH)
+             if any(a in moved for a in node.payload.addrs)]
+    deadline = time.monotonic() + (settings.spawn_timeout if timeout is None else timeout)
+    for fut in waits:
+        if fut is not None:
+            fut.get(max(0.0, deadline - time.monotonic()))
+    return Healed(lost, tuple(new_addrs), tuple(new_hosts))
+
+
+def _drop_attached(rt: Any, key: Any) -> None:
+    # What was attached to the mesh (the tensor engine's client) was built over the dead processes.
+    node = rt.owners.get(key)
+    if node is None:
+        return
+    for child in list(node.children):
+        if child.kind is Kind.ATTACHED:
+            child.start_close("the process mesh was healed")
+
+
+def _remake(rt: Any, key: Any, owned: Owned, moved: dict[Addr, Addr]) -> Future[None] | None:
+    """Make again the actors of mesh ``key`` whose processes moved; the future of their ``__init__``."""
+    old = owned.addrs
+    addrs = tuple(moved.get(a, a) for a in old)
+    owned.addrs = addrs
+    for ref in list(owned.handles):
+        ref.repoint(addrs)
+    recipe = owned.recipe
+    if recipe is None:
+        return None
+    shape: Shape = owned.shape
+    fut: Future[None] = Future(f"{owned.name}.initialized")
+    waiting = Gather(fut, f"{owned.name}.__init__", shape, list(addrs), values=False)
+    again = [rank for rank, a in enumerate(old) if a in moved]
+    waiting.skip(rank for rank in range(len(addrs)) if rank not in again)
+    port_id = rt.ports.open(waiting)
+    port = (rt.addr, port_id)
+    sizes = tuple(b.nbytes for b in recipe.buffers) if recipe.buffers else None
+    for rank in again:
+        point = (rank, shape.labels, shape.sizes)
+        frame = protocol.spawn(sizes, key, owned.name, point, recipe.is_async, recipe.body, port, recipe.creator,
+                               recipe.path)
+        try:
+            rt.multicast.post(addrs[rank], frame, recipe.buffers)
+        except ConnectionError as exc:
+            if waiting.fail(addrs[rank], str(exc)):
+                rt.ports.close(port_id)
+    return fut
