@@ -126,7 +126,7 @@ class Role(Protocol):
         ...
 
 
-class Process(Protocol):
+class FailuresRuntime(Protocol):
     """What failure reconciliation uses of its process's runtime."""
 
     @property
@@ -157,7 +157,7 @@ class Failures:
         process: this process's runtime.
     """
 
-    def __init__(self, process: Process) -> None:
+    def __init__(self, process: FailuresRuntime) -> None:
         self._process = process
         #: addr -> report, for every process known dead
         self.dead: dict[Addr, str] = {}

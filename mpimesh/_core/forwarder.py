@@ -36,12 +36,12 @@ from .relays import KEEP, Relay, lost
 from .relays import Runtime as _RelayRuntime
 from .trees import GATHER, RESEND, send_subtree, split
 
-__all__ = ["Forwarder", "Process", "Statistics"]
+__all__ = ["Forwarder", "ForwarderRuntime", "Statistics"]
 
 Addr = tuple[int, int]
 
 
-class Process(_RelayRuntime, Protocol):
+class ForwarderRuntime(_RelayRuntime, Protocol):
     """What forwarding needs of its process's runtime (``_core.runtime.Runtime``): a relay's, and the dispatch."""
 
     #: kind -> handler, for the frames this forwarder delivers
@@ -74,7 +74,7 @@ class Statistics(NamedTuple):
 class Forwarder:
     """The casts that reach one process: forwarded down its subtree, delivered in order."""
 
-    def __init__(self, runtime: Process) -> None:
+    def __init__(self, runtime: ForwarderRuntime) -> None:
         self.rt = runtime
         self._lock = threading.Lock()
         # held while frames are handed on in order: two polling threads must

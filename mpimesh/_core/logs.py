@@ -59,7 +59,7 @@ class _Router(Protocol):
     def send(self, dest: Addr, frame: Frame, buffers: Sequence[Any] = ()) -> None: ...
 
 
-class Process(Protocol):
+class LogRuntime(Protocol):
     """What a forwarder uses of its process's runtime."""
 
     @property
@@ -82,7 +82,7 @@ def label(addr: Addr) -> str:
 class Forwarder(io.TextIOBase):
     """A text stream whose complete lines go to the controller."""
 
-    def __init__(self, runtime: Process, stream: int, original: TextIO) -> None:
+    def __init__(self, runtime: LogRuntime, stream: int, original: TextIO) -> None:
         super().__init__()
         self._rt = runtime
         self._stream = stream
@@ -157,7 +157,7 @@ class Forwarder(io.TextIOBase):
                 self._original.write(f"[{tag}] {line}\n")
 
 
-def install_forwarders(runtime: Process) -> list[Forwarder]:
+def install_forwarders(runtime: LogRuntime) -> list[Forwarder]:
     """On a worker: route ``sys.stdout``/``sys.stderr`` to the controller."""
     if not settings.log_forward:
         return []

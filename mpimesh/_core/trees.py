@@ -26,7 +26,7 @@ class _Sender(Protocol):
     def send(self, dest: Addr, frame: Frame, buffers: list[Any] = ...) -> None: ...
 
 
-class Process(Protocol):
+class TreeRuntime(Protocol):
     """What sending a subtree needs of its process's runtime (``_core.runtime.Runtime``)."""
 
     dead: dict[Addr, str]
@@ -62,7 +62,7 @@ def plan(entries: Sequence[Entry], fanout: int) -> list[Sequence[Entry]]:
     return [part for group in groups.values() for part in split(group, share)]
 
 
-def send_subtree(rt: Process, frame: Frame, subtree: Sequence[Entry], buffers: list[Any],
+def send_subtree(rt: TreeRuntime, frame: Frame, subtree: Sequence[Entry], buffers: list[Any],
                  sent: list[Addr] | None = None, unreachable: str | None = None) -> list[tuple[Addr, str]]:
     """Send CAST ``frame`` for ``subtree`` to its first entry; around it, to its parts, if it cannot be reached.
 

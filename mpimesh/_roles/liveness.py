@@ -77,7 +77,7 @@ from ..config import settings
 from .exits import describe, exit_status
 
 __all__ = [
-    "BUSY_CPU", "PING_AFTER", "Liveness", "Process", "exit_cause", "job_dir", "last_words_path", "progress",
+    "BUSY_CPU", "PING_AFTER", "Liveness", "LivenessRuntime", "exit_cause", "job_dir", "last_words_path", "progress",
     "start_last_words", "stop_last_words",
 ]
 
@@ -92,7 +92,7 @@ class _Failures(Protocol):
     def declare_dead(self, addr: Addr, cause: str) -> None: ...
 
 
-class Process(Protocol):
+class LivenessRuntime(Protocol):
     """What liveness uses of the controller's runtime."""
 
     @property
@@ -244,7 +244,7 @@ class Liveness:
 
     def __init__(
         self,
-        runtime: Process,
+        runtime: LivenessRuntime,
         *,
         timeout: float | None = None,
         clock: Callable[[], float] = time.monotonic,
