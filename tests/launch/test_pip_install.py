@@ -211,13 +211,13 @@ def test_a_build_without_mpi_installs_and_says_why_once(tools: Venv, checkout: P
         f"<the checkout or sdist {_wheel(out).name} was built from>"
     ), info
     result, stderr = _job(venv, here)
-    assert result["controller"] == "Router" and result["workers"] == ["Router"] * 2, result
+    assert result["controller"] == "Mpi4pyWire" and result["workers"] == ["Mpi4pyWire"] * 2, result
     notices = [line for line in stderr.splitlines() if line.startswith("mpimesh: calls take the slower mpi4py path")]
     silence = "(MPIMESH_WIRE=mpi4py silences this notice)"
     notice = f"mpimesh: calls take the slower mpi4py path: {info['wire_reason']} {silence}"
     assert notices == [notice], stderr
     result, stderr = _job(venv, here, MPIMESH_WIRE="mpi4py")
-    assert result["controller"] == "Router" and "mpi4py path" not in stderr, stderr
+    assert result["controller"] == "Mpi4pyWire" and "mpi4py path" not in stderr, stderr
 
 
 def test_the_mpich_extra_installs(dist: Path, work: Path) -> None:
