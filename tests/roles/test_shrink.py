@@ -10,9 +10,12 @@ later death is reported in them.
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import pytest
+from mpitest import ROOT, python_cmd
 from test_faults import assert_ended, job_cmd, needs_ulfm, run_job
 
 from mpimesh._core.shrink import Plan, plan
@@ -166,4 +169,25 @@ def test_shrink_goes_on_with_the_survivors(launch: str, tmp_path: Path) -> None:
     assert "row: ProcMesh(hosts=1, gpus=2) ActorMesh('g', Counter, hosts=1, gpus=2) [2, 2]" in out, job.describe()
     assert ("row where: [({'hosts': 0, 'gpus': 0}, {'hosts': 1, 'gpus': 2}), "
             "({'hosts': 0, 'gpus': 1}, {'hosts': 1, 'gpus': 2})]") in out, job.describe()
+    assert_ended(job, 0, pool_deaths=launch == "pool")
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("launch", ["pool", "spawned"])
+def test_the_brief_loop_example_shrinks(launch: str) -> None:
+    """examples/heal_mesh.py --shrink: the failure caught, the 3 survivors go on with their totals; exit 0."""
+    needs_ulfm()
+    example = ROOT / "examples" / "heal_mesh.py"
+    if launch == "pool":
+        cmd = [str(Path(sys.executable).parent / "mpimesh"), "run", "-n", "5", str(example), "--shrink"]
+    else:
+        cmd = python_cmd(str(example), "--shrink")
+    job = run_job(cmd, timeout=200, end="totals [18.0")
+    out = job.stdout
+    assert re.search(r"^Node failure detected at step 3: Endpoint call workers\.compute\(\) failed", out, re.M), \
+        job.describe()
+    assert "shrunk: ProcMesh(gpus=3), ActorMesh('workers', Worker, gpus=3)" in out, job.describe()
+    assert "batch 3: totals [8.0, 8.0, 8.0]" in out, job.describe()
+    assert "totals [18.0, 18.0, 18.0] OK" in out, job.describe()
     assert_ended(job, 0, pool_deaths=launch == "pool")
