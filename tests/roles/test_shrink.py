@@ -4,8 +4,8 @@ The pure tests pin the dimension rule (``_core.shrink.plan``).  The job
 tests kill workers of a ``(hosts=2, gpus=2)`` mesh (simulated on one host)
 and go on with fewer, from the launch pool (``mpimesh run``) and spawned
 (``python -m mpimesh`` as a singleton): the survivors keep their actors and
-state, the spawner's actor meshes follow with the new coordinates, and a
-later death is reported in them.
+state, the spawner's actor meshes follow with the new coordinates, a
+later death is reported in them, and the shrunk mesh can still heal.
 """
 
 from __future__ import annotations
@@ -128,6 +128,9 @@ wait_dead(grid, 2)
 row = grid.shrink()
 print("row:", repr(row), repr(g), g.bump.call().get(60).values(), flush=True)
 print("row where:", [w[:2] for w in g.where.call().get(60).values()], flush=True)
+kill(g, hosts=0, gpus=1)
+wait_dead(row, 1)
+print("healed row:", repr(mpimesh.heal_mesh(row)), g.bump.call().get(60).values(), flush=True)
 row.stop().get(60)
 print("END", flush=True)
 '''
@@ -169,6 +172,8 @@ def test_shrink_goes_on_with_the_survivors(launch: str, tmp_path: Path) -> None:
     assert "row: ProcMesh(hosts=1, gpus=2) ActorMesh('g', Counter, hosts=1, gpus=2) [2, 2]" in out, job.describe()
     assert ("row where: [({'hosts': 0, 'gpus': 0}, {'hosts': 1, 'gpus': 2}), "
             "({'hosts': 0, 'gpus': 1}, {'hosts': 1, 'gpus': 2})]") in out, job.describe()
+    # a shrunk mesh heals: the remade actor starts again, the survivor keeps its count
+    assert "healed row: ProcMesh(hosts=1, gpus=2) [3, 1]" in out, job.describe()
     assert_ended(job, 0, pool_deaths=launch == "pool")
 
 
