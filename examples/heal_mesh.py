@@ -4,6 +4,7 @@ Run it either way:
 
     mpimesh run -n 6 examples/heal_mesh.py    # 4 workers + 1 spare from the launch pool (ULFM)
     python examples/heal_mesh.py               # workers, and the replacement, spawned with MPI_Comm_spawn
+    python examples/heal_mesh.py --shrink      # elastic: go on with the 3 survivors instead
 
 Four workers each hold a running total of the batches they were given.  At
 batch 3 the example SIGKILLs worker 2 itself (it says so).  The pending call
@@ -14,6 +15,11 @@ the mesh's original constructor arguments.  The healthy workers keep their
 state; the replacement gets its total from a survivor, and the batch runs
 again.  At the end every worker's total must be the same, and the example
 prints ``totals [...] OK``.
+
+With ``--shrink`` the loop goes on with fewer workers instead (elastic):
+``procs.shrink()`` gives a new mesh of the 3 survivors (``gpus=3``,
+renumbered), ``workers`` follows it with the same actors and their state,
+and the batch runs again on them.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ def perform_heavy_computation(workers: Worker, batch: list[float]) -> list[float
 
 
 def main() -> None:
+    shrink = "--shrink" in sys.argv[1:]
     mpimesh.unhandled_fault_hook = on_failure
     procs = this_host().spawn_procs(per_host={"gpus": WORKERS})
     workers = procs.spawn("workers", Worker, 0.5)
@@ -89,9 +96,13 @@ def main() -> None:
             result = perform_heavy_computation(workers, batch)
         except DeviceMeshError as e:
             log(f"Node failure detected at step {i}: {e}")
-            procs = heal_mesh(procs)
-            replaced = [r for r, (a, b) in enumerate(zip(before, procs.addresses, strict=True)) if a != b]
-            log(f"healed: {procs!r}, rank(s) {replaced} replaced")
+            if shrink:
+                procs = procs.shrink()  # workers now addresses the survivors, renumbered
+                log(f"shrunk: {procs!r}, {workers!r}")
+            else:
+                procs = heal_mesh(procs)
+                replaced = [r for r, (a, b) in enumerate(zip(before, procs.addresses, strict=True)) if a != b]
+                log(f"healed: {procs!r}, rank(s) {replaced} replaced")
             # The survivors applied this batch or not: all go back to the last total, then run it again.
             total = done[-1] if done else 0.0
             workers.restore.call(total).get(60)  # type: ignore[attr-defined]

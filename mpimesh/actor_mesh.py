@@ -127,7 +127,7 @@ class Endpoint(Generic[R]):
         Raises:
             ValueError: the mesh does not hold exactly one actor.
         """
-        if not self._single:
+        if not self._single and len(self._mesh) != 1:  # a mesh can shrink to one actor (ProcMesh.shrink)
             mesh = self._mesh
             # Every dimension with more than one actor must be fixed for the hint to name one actor.
             wide = [label for label, size in zip(mesh._shape.labels, mesh._shape.sizes, strict=True) if size > 1]
@@ -348,7 +348,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         owned: bool = False,
     ) -> None:
         self._ref = ref
-        self._shape = ref.shape
         self._name = name
         self._class_name = class_name
         self._endpoints = endpoints
@@ -356,6 +355,11 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._initialized = initialized
         self._owned = owned
         self._stopped = False
+
+    @property
+    def _shape(self) -> Shape:  # type: ignore[override]
+        # The handle's: ProcMesh.shrink() re-points the spawner's handle to the survivors' shape.
+        return self._ref.shape
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[T]:
         return ActorMesh(ref=self._ref.new_with_shape(shape), **self._state(), initialized=self._initialized)

@@ -20,6 +20,7 @@ from ._core import calls as _calls
 from ._core import heal as _heal
 from ._core import hooks as _hooks
 from ._core import serialize as _serialize
+from ._core import shrink as _shrink
 from ._waits import when_all
 from .actor import Actor, endpoint_table
 from .actor_mesh import ActorMesh
@@ -220,6 +221,52 @@ class ProcMesh(MeshTrait):
         healed = _heal.heal(self._key, list(self._shape.ranks()), self._addrs, self._hosts, timeout=timeout)
         self._addrs, self._hosts = healed.addrs, healed.hosts
         return self
+
+    def shrink(self) -> ProcMesh:
+        """Go on with fewer processes (elastic): a new, smaller mesh of this mesh's live processes.
+
+        This mesh hands its live processes over to the new one and is then
+        stopped without stopping them (``spawn`` and ``shrink`` on it raise,
+        ``stop`` does nothing); its dead processes are given up.  When the dead
+        ranks make up whole slices along one dimension (every process of
+        host 1 of a ``(hosts=2, gpus=4)`` mesh), the new mesh keeps the
+        dimensions with that one smaller (``hosts=1, gpus=4``); otherwise
+        its survivors form one dimension ``rank`` (as :meth:`base_mesh`
+        names it).  Survivors keep their order, renumbered from 0.  A mesh
+        with no dead process is returned as it is.
+
+        Every actor mesh spawned on this mesh (or a slice of it) from this
+        process follows in place, by the same rule applied to its own
+        shape: the actor mesh that ``spawn`` returned now addresses its
+        surviving actors, the same objects with their state, in the new
+        coordinates, which calls made after the shrink carry
+        (``current_rank()``).  Views of part of an actor mesh taken before
+        the shrink keep the old coordinates: slice the mesh again.  What
+        was attached to this mesh (the tensor engine's client) is closed.
+        Later deaths are reported in the new coordinates, and ``stop()``
+        on the new mesh gives its processes back.
+
+        Raises:
+            RuntimeError: this is a reference (a slice or a received mesh), the
+                mesh was stopped, or every one of its processes has died.
+        """
+        if not self._owned:
+            raise RuntimeError(
+                f"cannot shrink {self!r}: it is a reference (a slice or a received mesh); "
+                "call shrink() on the mesh that spawn_procs() returned"
+            )
+        if self._stopped:
+            raise RuntimeError(
+                f"cannot shrink {self!r}: `ProcMesh` has already been stopped; create new processes with spawn_procs()"
+            )
+        dead = _calls.here().dead
+        if not any(a in dead for a in self._addrs):
+            return self
+        new = _shrink.shrink(self._key, self._shape, self._addrs, self._hosts, repr(self))
+        self._stopped = True
+        procs = ProcMesh(new.shape, new.addrs, new.hosts, key=new.key, owned=True)
+        _calls.own_procs(new.key, repr(procs), procs.stop)
+        return procs
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every actor on these processes and give the processes back.

@@ -257,7 +257,7 @@ class MeshRef:
         owned = Owned(name, class_name, tuple(addrs), shape, recipe)
         rt.owners.adopt(
             rt.owners.owner_of(instance._actor), Kind.ACTOR_MESH, name,
-            lambda reason: _stop_mesh(rt, key, name, shape, list(owned.addrs), reason), key=key, payload=owned,
+            lambda reason: _stop_mesh(rt, key, name, owned.shape, list(owned.addrs), reason), key=key, payload=owned,
         )
         sizes = _sizes(buffers)
         for rank, addr in enumerate(addrs):

@@ -242,7 +242,9 @@ class Failures:
         if node is None or node.kind is not Kind.ACTOR_MESH:
             warn(f"failure of an actor whose mesh is gone:\n{report}")
             return
-        self.supervise(owners.actor_of(node), node.payload.failure([rank], report))
+        # The actor's rank now, from its process: a shrink renumbers the ranks its spawn gave it.
+        ranks = [r for r, a in enumerate(node.payload.addrs) if a == src] or [rank]
+        self.supervise(owners.actor_of(node), node.payload.failure(ranks, report))
 
     def on_dead(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """DEAD: the controller declared a process dead."""
