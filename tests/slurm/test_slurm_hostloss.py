@@ -157,16 +157,23 @@ class Job:
         return f"job status {self.returncode}, output:\n{self.output[-6000:]}"
 
 
-def _submit(tmp_path: Path, mode: str, lose: str, **env: str) -> Job:
-    """Submit the job, lose sl3 (``lose``: kill, freeze, rank) once it is READY, wait for its end."""
+class NeverReady(AssertionError):
+    """The job ended (or hung) before its mesh was up: nothing was lost yet."""
+
+
+def _submit(tmp_path: Path, mode: str, lose: str, *, job_text: str = JOB, per_node: int = 2, **env: str) -> Job:
+    """Submit the job (``per_node`` ranks on each node), lose sl3 (``lose``: kill, freeze, rank) once it is READY.
+
+    Waits for the job's end.
+    """
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(job_text)
     out = tmp_path / "job.out"
     tag = f"mpimesh-test-slurm-{uuid.uuid4().hex[:8]}"
     environ = {**os.environ, "VENV": str(Path(sys.executable).parent.parent), "PYTHONPATH": str(ROOT),
                "MPIMESH_TEST_TAG": tag, **env}
-    cmd = ["sbatch", "--wait", "--quiet", "--nodes=3", "--ntasks=6", "--ntasks-per-node=2", "--time=3",
-           f"--output={out}", "--job-name=hostloss", str(TEMPLATE), str(script), mode, str(CHOSEN)]
+    cmd = ["sbatch", "--wait", "--quiet", "--nodes=3", f"--ntasks={3 * per_node}", f"--ntasks-per-node={per_node}",
+           "--time=3", f"--output={out}", "--job-name=hostloss", str(TEMPLATE), str(script), mode, str(CHOSEN)]
     with open(tmp_path / "sbatch.log", "wb") as log:
         job = subprocess.Popen(cmd, env=environ, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True)
@@ -178,8 +185,9 @@ def _submit(tmp_path: Path, mode: str, lose: str, **env: str) -> Job:
             if out.exists() and "READY " in out.read_text(errors="replace"):
                 break
             time.sleep(0.05)
-        assert out.exists() and "READY " in out.read_text(errors="replace"), (
-            f"the job never said READY:\n{out.read_text(errors='replace') if out.exists() else 'no output'}")
+        if not (out.exists() and "READY " in out.read_text(errors="replace")):
+            raise NeverReady(
+                f"the job never said READY:\n{out.read_text(errors='replace') if out.exists() else 'no output'}")
         time.sleep(0.5)  # the call to sl3's worker is on its way
         if lose == "rank":  # only the worker of the mesh there
             victims = [json.loads(out.read_text(errors="replace").split("READY ", 1)[1].splitlines()[0])[2][1]]
@@ -289,7 +297,13 @@ def test_without_the_notification_fix_slurm_cancels_the_step(tmp_path: Path) -> 
     Pins why the interposer is there; turns red when a Slurm no longer kills
     the step on ULFM's PMIX_ERR_PROC_TERM_WO_SYNC (then the fix may go).
     """
-    job = _submit(tmp_path, "handled", "kill", MPIMESH_PMIX_NOTIFY="0")
+    try:
+        job = _submit(tmp_path, "handled", "kill", MPIMESH_PMIX_NOTIFY="0")
+    except NeverReady as exc:
+        # Measured 2026-11-27: 2 runs of 2 without the interposer, a rank died while the job booted
+        # (a SIGSEGV with no backtrace, or a rank "terminated without sync") and Slurm cancelled the
+        # step before any host was lost; the jobs with the interposer booted every time.
+        pytest.xfail(f"without the notification fix the job died at boot, before the host loss: {exc}"[:2000])
     assert job.line("SURVIVORS") is None, job.describe()
     assert job.returncode not in (0, None), job.describe()
     assert re.search(r"CANCELLED|_errhandler|Killed", job.output), job.describe()
