@@ -164,8 +164,22 @@ class NeverReady(AssertionError):
 def _submit(tmp_path: Path, mode: str, lose: str, *, job_text: str = JOB, per_node: int = 2, **env: str) -> Job:
     """Submit the job (``per_node`` ranks on each node), lose sl3 (``lose``: kill, freeze, rank) once it is READY.
 
-    Waits for the job's end.
+    Waits for the job's end.  A job that never says READY is submitted once
+    more (it says so): measured 3 boots in ~30 jobs where ULFM reported a
+    failed process while the ranks started (every rank's first ``Comm.Dup``
+    raised MPI_ERR_PROC_FAILED, no process had died; 2-core machine at load
+    5-8), before anything was lost: not what these tests check.
     """
+    try:
+        return _submit_once(tmp_path / "1", mode, lose, job_text, per_node, env)
+    except NeverReady as exc:
+        subprocess.run(["scancel", "--full", "--name=hostloss"], timeout=30, check=False)
+        print(f"\nthe job died at boot, once more: {str(exc).splitlines()[-1][:300]}")
+        return _submit_once(tmp_path / "2", mode, lose, job_text, per_node, env)
+
+
+def _submit_once(tmp_path: Path, mode: str, lose: str, job_text: str, per_node: int, env: dict[str, str]) -> Job:
+    tmp_path.mkdir()
     script = tmp_path / "job.py"
     script.write_text(job_text)
     out = tmp_path / "job.out"
@@ -280,8 +294,9 @@ def test_a_lost_host_that_the_script_does_not_handle_fails_the_job(tmp_path: Pat
 
 
 @pytest.mark.usefixtures("cluster")
-@pytest.mark.xfail(strict=False, reason="issue #27 asks ~2 s; measured 5.8 s (1 run, load ~8): the SupervisionError "
-                   "comes later than ULFM's detector (period 0.5 s, timeout 2 s) should find the host")
+@pytest.mark.xfail(strict=False, reason="issue #27 asks ~2 s; measured 5.8, 6.0, 5.8, 5.8 s (4 runs, load 5-8): the "
+                   "SupervisionError comes later than ULFM's detector (period 0.5 s, timeout 2 s) should find the "
+                   "host; close to SlurmdTimeout (6 s), cause not found yet")
 def test_a_frozen_host_is_found_by_the_heartbeat_detector(tmp_path: Path) -> None:
     job = _submit(tmp_path, "handled", "freeze")
     _caught(job, FREEZE_BOUND)
@@ -300,9 +315,9 @@ def test_without_the_notification_fix_slurm_cancels_the_step(tmp_path: Path) -> 
     try:
         job = _submit(tmp_path, "handled", "kill", MPIMESH_PMIX_NOTIFY="0")
     except NeverReady as exc:
-        # Measured 2026-11-27: 2 runs of 2 without the interposer, a rank died while the job booted
-        # (a SIGSEGV with no backtrace, or a rank "terminated without sync") and Slurm cancelled the
-        # step before any host was lost; the jobs with the interposer booted every time.
+        # Measured 2026-11-27: without the interposer a rank's death at boot (a SIGSEGV with no
+        # backtrace, or ULFM's report of a failed process while the ranks started) makes Slurm cancel
+        # the step before any host is lost; twice in a row, this test cannot tell anything.
         pytest.xfail(f"without the notification fix the job died at boot, before the host loss: {exc}"[:2000])
     assert job.line("SURVIVORS") is None, job.describe()
     assert job.returncode not in (0, None), job.describe()
