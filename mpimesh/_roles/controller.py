@@ -14,6 +14,7 @@ RELEASE) on one service thread, off the polling thread: each may block.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 from .._core import serialize as _serialize
 from .._core.logs import Printer
 from .._core.named import Registry as NamedActors
-from .._core.protocol import Frame, Kind, PortRef, Status
+from .._core.protocol import Frame, Kind, PortRef, Status, ping
 from .._core.runtime import Runtime
 from .._transport.mpi import fault_tolerant
 from ..config import settings
@@ -36,6 +37,10 @@ from .pool import Pool
 from .procs import Addr, Procs
 
 __all__ = ["Controller"]
+
+#: Seconds a spare has to echo a PING before a heal passes it by (an idle rank echoes within milliseconds;
+#: the idle spares of a host lost a moment ago are not known dead yet: ULFM's detector needs ~2 s).
+_SPARE_ANSWER = 1.0
 
 
 class Controller(BaseRole):
@@ -149,7 +154,7 @@ class Controller(BaseRole):
         else of another); the rest are spawned, on their host if it still
         runs a process of the job, else on the controller's.
         """
-        picked = self.pool.take_spares(hosts)
+        picked = self._live_spares(hosts)
         wanted = [host if self.pool.host_lives(host) else self.rt.host
                   for host, addr in zip(hosts, picked, strict=True) if addr is None]
         if wanted:
@@ -167,6 +172,43 @@ class Controller(BaseRole):
                 if addr is None:
                     picked[i] = by_host[wanted.pop(0)].pop(0)
         return [(a, self.procs[a].host) for a in picked if a is not None]
+
+    def _live_spares(self, hosts: list[str]) -> list[Addr | None]:
+        """``Pool.take_spares(hosts)``, each spare checked alive: it must echo a PING within ``_SPARE_ANSWER`` s.
+
+        The idle spares of a host lost a moment ago are not known dead yet
+        (nothing talked to them, ULFM's detector needs ~2 s): one that does
+        not echo is passed by and the next spare taken.  It stays allocated,
+        so no later heal takes it either; the detectors declare it dead soon.
+        """
+        picked = self.pool.take_spares(hosts)
+        if self.liveness is None:
+            return picked
+        heard = self.liveness.last_heard
+        checked: set[Addr] = set()
+        while True:
+            fresh = [a for a in picked if a is not None and a not in checked]
+            if not fresh:
+                return picked
+            asked = time.monotonic()
+            for addr in fresh:
+                try:
+                    self.rt.router.send(addr, ping(0))
+                except ConnectionError:
+                    pass
+            deadline = asked + _SPARE_ANSWER
+            while time.monotonic() < deadline and not all(
+                    heard.get(a, 0.0) >= asked or a in self.rt.dead for a in fresh):
+                time.sleep(0.002)
+            checked.update(fresh)
+            silent = [i for i, a in enumerate(picked)
+                      if a in fresh and (heard.get(a, 0.0) < asked or a in self.rt.dead)]
+            if not silent:
+                return picked
+            # a silent spare says its host is likely lost with the dead process: any host's next
+            more = self.pool.take_spares(["" for _ in silent])
+            for i, spare in zip(silent, more, strict=True):
+                picked[i] = spare
 
     def named_actor(self, name: str, body: bytes) -> Any:
         """The singleton actor mesh ``name`` in this process, spawned from ``body`` (class, args) if new."""

@@ -157,16 +157,37 @@ class Job:
         return f"job status {self.returncode}, output:\n{self.output[-6000:]}"
 
 
-def _submit(tmp_path: Path, mode: str, lose: str, **env: str) -> Job:
-    """Submit the job, lose sl3 (``lose``: kill, freeze, rank) once it is READY, wait for its end."""
+class NeverReady(AssertionError):
+    """The job ended (or hung) before its mesh was up: nothing was lost yet."""
+
+
+def _submit(tmp_path: Path, mode: str, lose: str, *, job_text: str = JOB, per_node: int = 2, **env: str) -> Job:
+    """Submit the job (``per_node`` ranks on each node), lose sl3 (``lose``: kill, freeze, rank) once it is READY.
+
+    Waits for the job's end.  A job that never says READY is submitted once
+    more (it says so): measured 3 boots in ~30 jobs where ULFM reported a
+    failed process while the ranks started (every rank's first ``Comm.Dup``
+    raised MPI_ERR_PROC_FAILED, no process had died; 2-core machine at load
+    5-8), before anything was lost: not what these tests check.
+    """
+    try:
+        return _submit_once(tmp_path / "1", mode, lose, job_text, per_node, env)
+    except NeverReady as exc:
+        subprocess.run(["scancel", "--full", "--name=hostloss"], timeout=30, check=False)
+        print(f"\nthe job died at boot, once more: {str(exc).splitlines()[-1][:300]}")
+        return _submit_once(tmp_path / "2", mode, lose, job_text, per_node, env)
+
+
+def _submit_once(tmp_path: Path, mode: str, lose: str, job_text: str, per_node: int, env: dict[str, str]) -> Job:
+    tmp_path.mkdir()
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(job_text)
     out = tmp_path / "job.out"
     tag = f"mpimesh-test-slurm-{uuid.uuid4().hex[:8]}"
     environ = {**os.environ, "VENV": str(Path(sys.executable).parent.parent), "PYTHONPATH": str(ROOT),
                "MPIMESH_TEST_TAG": tag, **env}
-    cmd = ["sbatch", "--wait", "--quiet", "--nodes=3", "--ntasks=6", "--ntasks-per-node=2", "--time=3",
-           f"--output={out}", "--job-name=hostloss", str(TEMPLATE), str(script), mode, str(CHOSEN)]
+    cmd = ["sbatch", "--wait", "--quiet", "--nodes=3", f"--ntasks={3 * per_node}", f"--ntasks-per-node={per_node}",
+           "--time=3", f"--output={out}", "--job-name=hostloss", str(TEMPLATE), str(script), mode, str(CHOSEN)]
     with open(tmp_path / "sbatch.log", "wb") as log:
         job = subprocess.Popen(cmd, env=environ, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True)
@@ -178,8 +199,9 @@ def _submit(tmp_path: Path, mode: str, lose: str, **env: str) -> Job:
             if out.exists() and "READY " in out.read_text(errors="replace"):
                 break
             time.sleep(0.05)
-        assert out.exists() and "READY " in out.read_text(errors="replace"), (
-            f"the job never said READY:\n{out.read_text(errors='replace') if out.exists() else 'no output'}")
+        if not (out.exists() and "READY " in out.read_text(errors="replace")):
+            raise NeverReady(
+                f"the job never said READY:\n{out.read_text(errors='replace') if out.exists() else 'no output'}")
         time.sleep(0.5)  # the call to sl3's worker is on its way
         if lose == "rank":  # only the worker of the mesh there
             victims = [json.loads(out.read_text(errors="replace").split("READY ", 1)[1].splitlines()[0])[2][1]]
@@ -272,8 +294,9 @@ def test_a_lost_host_that_the_script_does_not_handle_fails_the_job(tmp_path: Pat
 
 
 @pytest.mark.usefixtures("cluster")
-@pytest.mark.xfail(strict=False, reason="issue #27 asks ~2 s; measured 5.8 s (1 run, load ~8): the SupervisionError "
-                   "comes later than ULFM's detector (period 0.5 s, timeout 2 s) should find the host")
+@pytest.mark.xfail(strict=False, reason="issue #27 asks ~2 s; measured 5.8, 6.0, 5.8, 5.8 s (4 runs, load 5-8): the "
+                   "SupervisionError comes later than ULFM's detector (period 0.5 s, timeout 2 s) should find the "
+                   "host; close to SlurmdTimeout (6 s), cause not found yet")
 def test_a_frozen_host_is_found_by_the_heartbeat_detector(tmp_path: Path) -> None:
     job = _submit(tmp_path, "handled", "freeze")
     _caught(job, FREEZE_BOUND)
@@ -289,7 +312,13 @@ def test_without_the_notification_fix_slurm_cancels_the_step(tmp_path: Path) -> 
     Pins why the interposer is there; turns red when a Slurm no longer kills
     the step on ULFM's PMIX_ERR_PROC_TERM_WO_SYNC (then the fix may go).
     """
-    job = _submit(tmp_path, "handled", "kill", MPIMESH_PMIX_NOTIFY="0")
+    try:
+        job = _submit(tmp_path, "handled", "kill", MPIMESH_PMIX_NOTIFY="0")
+    except NeverReady as exc:
+        # Measured 2026-11-27: without the interposer a rank's death at boot (a SIGSEGV with no
+        # backtrace, or ULFM's report of a failed process while the ranks started) makes Slurm cancel
+        # the step before any host is lost; twice in a row, this test cannot tell anything.
+        pytest.xfail(f"without the notification fix the job died at boot, before the host loss: {exc}"[:2000])
     assert job.line("SURVIVORS") is None, job.describe()
     assert job.returncode not in (0, None), job.describe()
     assert re.search(r"CANCELLED|_errhandler|Killed", job.output), job.describe()
