@@ -21,9 +21,15 @@ from test_faults import assert_ended, job_cmd, needs_ulfm, run_job
 pytestmark = pytest.mark.subprocess
 
 SCRIPT = r'''
-import os, signal
+import os, signal, sys
 import mpimesh
 from mpimesh import Actor, DeviceMeshError, SupervisionError, endpoint, heal_mesh, this_host
+
+
+def say(*parts):
+    # one write per line: the fault hook prints from another thread
+    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
+    sys.stdout.flush()
 
 
 class Counter(Actor):
@@ -41,13 +47,13 @@ class Counter(Actor):
         return os.getpid()
 
 
-mpimesh.unhandled_fault_hook = lambda failure: print("hook:", failure.mesh_name, failure.crashed_ranks, flush=True)
+mpimesh.unhandled_fault_hook = lambda failure: say("hook:", failure.mesh_name, failure.crashed_ranks)
 procs = this_host().spawn_procs(per_host={"gpus": 3})
 a = procs.spawn("a", Counter, 10, step=2)
 b = procs.spawn("b", Counter, 0)
 view = a.slice(gpus=slice(1, 3))
 first = list(procs.addresses)
-print("untouched:", heal_mesh(procs) is procs, list(procs.addresses) == first, flush=True)
+say("untouched:", heal_mesh(procs) is procs, list(procs.addresses) == first)
 a.bump.call().get(60)
 b.bump.call().get(60)
 before = list(procs.addresses)
@@ -55,25 +61,25 @@ os.kill(a.slice(gpus=1).where.call_one().get(60), signal.SIGKILL)
 try:
     a.bump.call().get(60)
 except DeviceMeshError as exc:
-    print("caught:", type(exc).__name__, isinstance(exc, SupervisionError), flush=True)
+    say("caught:", type(exc).__name__, isinstance(exc, SupervisionError))
 assert heal_mesh(procs) is procs
 after = list(procs.addresses)
-print("replaced:", [r for r in range(3) if before[r] != after[r]], "island", after[1][0], flush=True)
-print("a:", a.bump.call().get(60).values(), flush=True)
-print("b:", b.bump.call().get(60).values(), flush=True)
-print("view:", view.bump.call().get(60).values(), flush=True)
-print("new actor is not the dead one:", a.slice(gpus=1).where.call_one().get(60) != 0, flush=True)
+say("replaced:", [r for r in range(3) if before[r] != after[r]], "island", after[1][0])
+say("a:", a.bump.call().get(60).values())
+say("b:", b.bump.call().get(60).values())
+say("view:", view.bump.call().get(60).values())
+say("new actor is not the dead one:", a.slice(gpus=1).where.call_one().get(60) != 0)
 for bad in (lambda: procs.slice(gpus=0).heal(), lambda: heal_mesh(a)):
     try:
         bad()
     except (RuntimeError, TypeError) as exc:
-        print("refused:", type(exc).__name__, exc, flush=True)
+        say("refused:", type(exc).__name__, exc)
 procs.stop().get(60)
 try:
     procs.heal()
 except RuntimeError as exc:
-    print("refused:", type(exc).__name__, exc, flush=True)
-print("END", flush=True)
+    say("refused:", type(exc).__name__, exc)
+say("END")
 '''
 
 

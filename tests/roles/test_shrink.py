@@ -41,9 +41,15 @@ def test_plan_without_a_death_or_without_a_survivor() -> None:
 
 
 SCRIPT = r'''
-import os, signal, time
+import os, signal, sys, time
 import mpimesh
 from mpimesh import Actor, DeviceMeshError, current_rank, endpoint, this_host
+
+
+def print(*parts, flush=True):
+    # one write per line: the fault hook prints from another thread
+    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
+    sys.stdout.flush()
 
 
 class Counter(Actor):
