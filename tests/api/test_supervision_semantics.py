@@ -274,6 +274,16 @@ class Level(Actor):
         self.said.send(f"deleted {self.tag}")
 
 
+class Collector(Actor):
+    """Runs the cycle collector in its process."""
+
+    @endpoint
+    def collect(self) -> int:
+        import gc
+
+        return gc.collect()
+
+
 def test_stopping_a_mesh_stops_what_its_actors_own_bottom_up(one_proc: object) -> None:
     """stop() of a mesh stops the meshes its actors spawned first (recursively), then cleans up the actor."""
     said, heard = Channel[str].open()
@@ -281,6 +291,11 @@ def test_stopping_a_mesh_stops_what_its_actors_own_bottom_up(one_proc: object) -
     with spawning():
         top.initialized.get(60)
     top.stop().get(60)
+    # An actor that owned a process mesh is let go through the cycle collector since the ownership
+    # tree (issue #26): not at once, as the others are (known, docs/design/ownership.md); prompt it.
+    gc = one_proc.spawn("gc", Collector)  # type: ignore[attr-defined]
+    gc.collect.call().get(60)
+    gc.stop().get(60)
     events = [heard.recv().get(30) for _ in range(8)]
     cleanups = [e for e in events if e.startswith("cleanup")]
     assert sorted(cleanups) == ["cleanup far", "cleanup level0", "cleanup level1", "cleanup top"], events
