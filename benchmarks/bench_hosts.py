@@ -19,7 +19,8 @@ the same link (TCP over a veth pair and a bridge), in the same job.
   ``initialized``, the steady calls after it, and raw ``Send``/``Recv``;
   and its ``rawfirst`` job: raw mpi4py's own first 64 MiB ``Send`` (into a
   fresh buffer, over an unused link) against its steady ones, in a job of
-  its own.  Targets: >= 0.8x raw, first <= 2x steady.
+  its own.  Targets: >= 0.8x raw, first <= 2x steady.  ``--only first``
+  runs these two jobs alone with a 32 MiB argument (issue 30's measure).
 * X6: ``bench_b6.py`` as it is (``RDMABuffer.read_into`` of 64 MiB against
   ``Win.Allocate`` + ``Get``); and this file's ``rdma`` job: the same reads,
   then as many ``write_from`` of 64 MiB, against a raw ``Send``/``Recv`` of
@@ -69,7 +70,7 @@ WORKLOADS = ("x1", "x4", "x6", "x7")
 # the job side (under `python -m mpimesh benchmarks/bench_hosts.py --job ...`)
 
 
-def job_first(calls: int) -> None:
+def job_first(calls: int, nbytes: int = NB) -> None:
     """X4's first call: spawn, wait for ``initialized``, then time each call with a 64 MiB tensor; raw Send/Recv."""
     import _bulk
     import torch
@@ -90,7 +91,7 @@ def job_first(calls: int) -> None:
         def raw_peer(self, nbytes: int, reps: int) -> int:
             return _bulk.sendrecv_peer(MPI.COMM_WORLD, nbytes, reps)
 
-    x = torch.randn(NB // 4)
+    x = torch.randn(nbytes // 4)
     t0 = time.perf_counter()
     mesh = host_mesh().slice(hosts=1).spawn_procs(per_host={"gpus": 1}).spawn("sink", Sink)
     mesh.initialized.get(60)
@@ -102,7 +103,7 @@ def job_first(calls: int) -> None:
         t = time.perf_counter()
         one.ignore.call_one(x).get(60)
         times.append((time.perf_counter() - t) * 1e3)
-    fut = one.raw_peer.call_one(NB, calls)
+    fut = one.raw_peer.call_one(nbytes, calls)
     raw = [s * 1e3 for s in _bulk.sendrecv_root(MPI.COMM_WORLD, rank, x.view(torch.uint8).numpy(), calls)]
     fut.get(120)
     steady = statistics.median(times[2:])
@@ -114,7 +115,7 @@ def job_first(calls: int) -> None:
                       "calls_ms": [round(t, 1) for t in times]}), flush=True)
 
 
-def job_rawfirst(calls: int) -> None:
+def job_rawfirst(calls: int, nbytes: int = NB) -> None:
     """X4's first transfer in raw mpi4py, in a job of its own (plain python): Send/Recv of 64 MiB, each acked.
 
     Rank 1 receives into one buffer it allocated fresh, as a worker receives
@@ -126,9 +127,9 @@ def job_rawfirst(calls: int) -> None:
 
     comm = MPI.COMM_WORLD
     if comm.Get_rank() == 1:
-        _bulk.sendrecv_peer(comm, NB, calls)
+        _bulk.sendrecv_peer(comm, nbytes, calls)
         return
-    x = torch.randn(NB // 4)
+    x = torch.randn(nbytes // 4)
     raw = [s * 1e3 for s in _bulk.sendrecv_root(comm, 1, x.view(torch.uint8).numpy(), calls)]
     steady = statistics.median(raw[2:])
     print(json.dumps({"raw_first_ms": round(raw[0], 2), "raw_steady_ms": round(steady, 2),
@@ -318,6 +319,17 @@ def one_run(what: list[str], fl: list[str], hosts: list[str], args: argparse.Nam
         got["bench"] = bench
         return got
 
+    def firsts(bench: str, nbytes: int) -> None:
+        # The first call against the steady ones, then raw mpi4py's own first Send in a job of its own.
+        size = ["--calls", "12", "--bytes", str(nbytes)]
+        first = job(f"{bench}first", [*pair, __file__, "--job", "first", *size], 300)
+        rows.append({k: first.get(k) for k in ("bench", "spawn_to_initialized_s", "first_ms", "steady_ms",
+                                                "first_over_steady", "raw_ms", "ratio", "error")})
+        raw_pair = [*pair[: pair.index("-m")], __file__, "--job", "rawfirst", *size]
+        rawfirst = job(f"{bench}rawfirst", raw_pair, 300)
+        rows.append({k: rawfirst.get(k) for k in ("bench", "raw_first_ms", "raw_steady_ms", "raw_first_over_steady",
+                                                   "error")})
+
     if "x1" in what:
         b1 = job("X1", [*pair, "bench_b1.py", "--repeats", "3"], 300)
         rows.append({k: b1.get(k) for k in ("bench", "median_us", "p99_us", "baseline_median_us", "ratio", "error")})
@@ -328,13 +340,9 @@ def one_run(what: list[str], fl: list[str], hosts: list[str], args: argparse.Nam
                      "ratio": (round(b4["baseline_median_ms"] / b4["transfer_only_ms"], 2)
                                if b4.get("transfer_only_ms") and b4.get("baseline_median_ms") else None),
                      "error": b4.get("error")})
-        first = job("X4first", [*pair, __file__, "--job", "first", "--calls", "12"], 300)
-        rows.append({k: first.get(k) for k in ("bench", "spawn_to_initialized_s", "first_ms", "steady_ms",
-                                                "first_over_steady", "raw_ms", "ratio", "error")})
-        raw_pair = [*pair[: pair.index("-m")], __file__, "--job", "rawfirst", "--calls", "12"]
-        rawfirst = job("X4rawfirst", raw_pair, 300)
-        rows.append({k: rawfirst.get(k) for k in ("bench", "raw_first_ms", "raw_steady_ms", "raw_first_over_steady",
-                                                   "error")})
+        firsts("X4", NB)
+    if "first" in what:
+        firsts("X4-32MiB", 32 << 20)
     if "x6" in what:
         b6 = job("X6", [*pair, "bench_b6.py", "--repeats", "3", "--mpi-reads", "0"], 600)
         rows.append({"bench": "X6", "backend": b6.get("backend"), "read_ms": b6.get("median_ms"),
@@ -396,7 +404,9 @@ def summarize(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated: x1,x4,x6,x7")
+    ap.add_argument("--only", default=",".join(WORKLOADS),
+                    help="comma-separated: x1,x4,x6,x7, and first (X4's first call with 32 MiB, alone)")
+    ap.add_argument("--bytes", type=int, default=NB, help=argparse.SUPPRESS)
     ap.add_argument("--hosts", default="mh1,mh2")
     ap.add_argument("--x7-workers", type=int, default=6, help="pool workers on the other host per X7 job")
     ap.add_argument("--job", choices=["first", "rawfirst", "rdma", "hostloss"], help=argparse.SUPPRESS)
@@ -404,9 +414,9 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.job == "first":
-        return job_first(args.calls)
+        return job_first(args.calls, args.bytes)
     if args.job == "rawfirst":
-        return job_rawfirst(args.calls)
+        return job_rawfirst(args.calls, args.bytes)
     if args.job == "rdma":
         return job_rdma(args.reads)
     if args.job == "hostloss":

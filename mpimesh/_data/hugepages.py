@@ -44,7 +44,16 @@ def empty_fast(*size: Any, dtype: Any = None) -> Any:
     nbytes = numel * torch.empty((), dtype=kind).element_size()
     if nbytes < HUGE_PAGE:
         return torch.empty(shape, dtype=kind)
-    return torch.frombuffer(huge_block(nbytes), dtype=kind, count=numel).view(shape)
+    flat = torch.frombuffer(huge_block(nbytes), dtype=kind, count=numel)
+    # Not ``flat.view(shape)``: a tensor of its own over the block's storage
+    # (the storage keeps the block), whose ``_base`` is None as torch.empty's
+    # is, so that code keeping tensors it made by ``_base`` (the tensor
+    # engine's spare results) treats this one alike.
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return torch.empty((0,), dtype=kind).set_(flat.untyped_storage(), 0, shape, tuple(reversed(strides)))
 
 
 def empty_like_fast(tensor: Any) -> Any:

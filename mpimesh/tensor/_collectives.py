@@ -18,6 +18,7 @@ import torch
 
 from .._data.buffers import cuda_support
 from .._transport.mpi import MPI
+from ..rma import empty_fast
 
 __all__ = ["Communicators", "reduce"]
 
@@ -219,7 +220,7 @@ class Spares:
             out = t if t.shape == shape else torch.empty((0,), dtype=dtype, device=device).set_(
                 t.untyped_storage(), 0, shape, _contiguous(shape))
         else:
-            out = torch.empty(shape, dtype=dtype, device=device)
+            out = _empty(shape, dtype, device)
         if numel * out.element_size() >= self.MIN_BYTES:
             self.made.add(out.data_ptr())
         return out
@@ -239,6 +240,13 @@ class Spares:
         if unique and len(spares) < 2 and self._bytes + nbytes <= self.MAX_BYTES and t.is_contiguous():
             spares.append(t)
             self._bytes += nbytes
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new result: in huge pages on the CPU, which a later Send moves faster (``mpimesh.empty_fast``)."""
+    if device.type == "cpu":
+        return cast(torch.Tensor, empty_fast(shape, dtype=dtype))
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -265,8 +273,7 @@ def reduce(comm: MPI.Intracomm, t: torch.Tensor, reduction: str, scatter: bool, 
             return _reduce_staged(comm, t, src, reduction, scatter, inplace, staging)
         finally:
             staging.give(src)
-    new = spares.take if spares is not None and not staged else (
-        lambda shape, dtype, device: torch.empty(shape, dtype=dtype, device=device))
+    new = spares.take if spares is not None and not staged else _empty
     if reduction == "stack":
         out = new((n, *src.shape), src.dtype, src.device)
         comm.Allgather(_buf(src), _buf(out))

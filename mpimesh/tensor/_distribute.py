@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from .._waits import Countdown
 from ..future import Future
+from ..rma import empty_like_fast
 from . import _mesh
 from ._client import client_of
 from ._commands import PUT
@@ -70,7 +71,10 @@ def _piece(local: torch.Tensor, coords: dict[str, int], sizes: dict[str, int],
                     "blocks, which it does not divide; pad the tensor or choose another dimension"
                 )
             piece = piece.chunk(n, dim=p.dim)[coords[label]]
-    return piece.contiguous()
+    if piece.is_contiguous() or piece.device.type != "cpu":
+        return piece.contiguous()
+    # The copy the Send needs goes into huge pages, which it moves faster (``mpimesh.empty_fast``).
+    return cast(torch.Tensor, empty_like_fast(piece).copy_(piece))
 
 
 def distribute(local: torch.Tensor, procs: ProcMesh, placements: Sequence[Placement]) -> Tensor:
