@@ -312,3 +312,44 @@ def test_stopping_a_mesh_stops_what_its_actors_own_bottom_up(one_proc: object) -
     # each actor's object is let go once it has stopped: its __del__ runs after its own cleanup
     for tag in ("far", "level0", "level1", "top"):
         assert events.index(f"cleanup {tag}") < events.index(f"deleted {tag}"), events
+
+
+class SlowCleanup(Actor):
+    """Cleans up for longer than its owner waits for it (``MPIMESH_CLEANUP_TIMEOUT``)."""
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        import time
+
+        from mpimesh.config import settings
+
+        time.sleep(settings.cleanup_timeout + 1.0)
+
+
+class SlowOwner(Actor):
+    """Owns an actor mesh whose stop does not end in time; says when its object is let go."""
+
+    def __init__(self, said: Port[str]) -> None:
+        self.said = said
+        self.slow = this_proc().spawn("slow", SlowCleanup)
+        self.slow.initialized.get(30)
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        self.said.send("cleanup owner")
+
+    def __del__(self) -> None:
+        self.said.send("deleted owner")
+
+
+def test_an_actor_whose_owned_stop_times_out_is_let_go_at_once(one_proc: object) -> None:
+    """The stop of what an actor owns timing out leaves no cycle: its object goes when it stops, collector off."""
+    said, heard = Channel[str].open()
+    gc = one_proc.spawn("gc", CycleCollector)  # type: ignore[attr-defined]
+    gc.enable.call(False).get(60)
+    try:
+        owner = one_proc.spawn("slowowner", SlowOwner, said)  # type: ignore[attr-defined]
+        owner.initialized.get(60)
+        owner.stop().get(60)  # after MPIMESH_CLEANUP_TIMEOUT: it waits that long for "slow", then gives up
+        assert [heard.recv().get(30) for _ in range(2)] == ["cleanup owner", "deleted owner"]
+    finally:
+        gc.enable.call(True).get(60)
+        gc.stop().get(60)
