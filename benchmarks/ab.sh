@@ -12,15 +12,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 before=$(cd "$1" && pwd) after=$(cd "$2" && pwd) rounds=${3:-3}
-PY=${PYTHON:-.venv/bin/python}
+PY=${PYTHON:-$PWD/.venv/bin/python}
 MPIRUN=("$(dirname "$PY")/mpiexec" --oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+# `python -m` puts the working directory first on sys.path: run from an empty one, or every
+# tree would import this checkout's mpimesh (both sides measured the same code).
+run=$(mktemp -d) benches=$PWD/benchmarks
+trap 'rm -rf "$out" "$run"' EXIT
 for _ in $(seq "$rounds"); do
   for tree in "$before" "$after"; do
     for bench in b1 b3; do
-      line=$(PYTHONPATH="$tree" timeout 300 "${MPIRUN[@]}" -n 2 "$PY" -m mpimesh "benchmarks/bench_$bench.py" | tail -1)
+      line=$(cd "$run" && PYTHONPATH="$tree" timeout 300 "${MPIRUN[@]}" -n 2 "$PY" -m mpimesh "$benches/bench_$bench.py" | tail -1)
       echo "{\"tree\": \"$tree\", \"data\": $line}" | tee -a "$out"
     done
   done

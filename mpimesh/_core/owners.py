@@ -88,7 +88,8 @@ class Node:
         stops itself on the way (``ProcMesh.stop``) finds nothing left to
         close.  ``itself``: False when the node's own thing is being stopped
         by its caller, which closes only what it owns.  ``errors``: where a
-        close that raises goes (by default, it raises here).
+        close that raises goes, without its traceback (by default, it
+        raises here).
         """
         stops: list[Future[Any]] = []
         for node in self.walk():
@@ -102,7 +103,7 @@ class Node:
             except Exception as exc:
                 if errors is None:
                     raise
-                errors.append(exc)
+                errors.append(_untraced(exc))
                 continue
             if stop is not None:
                 stops.append(stop)
@@ -112,7 +113,8 @@ class Node:
         """Close this node's subtree as :meth:`start_close` does, then wait for it, at most about ``timeout`` seconds.
 
         Returns:
-            The errors of the closes (a stop not done in time gives its ``TimeoutError``).
+            The errors of the closes (a stop not done in time gives its ``TimeoutError``),
+            without their tracebacks (see :func:`_untraced`).
         """
         deadline = time.monotonic() + timeout
         errors: list[BaseException] = []
@@ -120,8 +122,31 @@ class Node:
             try:
                 stop.result(max(0.0, deadline - time.monotonic()))
             except Exception as exc:
-                errors.append(exc)
+                errors.append(_untraced(exc))
         return errors
+
+
+def _untraced(exc: Exception) -> Exception:
+    """``exc``, and every exception chained to it, without a traceback: how a close's error is kept.
+
+    A traceback holds the frames it went through, and each frame the frames
+    that called it.  Kept in a list that one of those frames holds
+    (``errors`` in :meth:`Node.close`), it made a reference cycle through the
+    whole stack of whoever closed: a stopping actor's ``_cleanup_then_stop``,
+    which holds the user's object (its ``__cleanup__``), so that object was
+    freed by the cycle collector, late, instead of when the actor stopped.
+    The closes' errors are only reported by their text.
+    """
+    seen: set[int] = set()
+    chain: list[BaseException | None] = [exc]
+    while chain:
+        each = chain.pop()
+        if each is None or id(each) in seen:
+            continue
+        seen.add(id(each))
+        each.__traceback__ = None
+        chain += (each.__cause__, each.__context__)
+    return exc
 
 
 class Owners:

@@ -6,8 +6,10 @@ order, and stops are standard futures.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -143,3 +145,54 @@ def test_owner_of_is_one_node_across_threads() -> None:
     for thread in threads:
         thread.join()
     assert all(node is nodes[0] for node in nodes) and len(tree.root.children) == 1
+
+
+
+class Owner:
+    """Stands for an actor's user object: the actor's frames hold it while it stops what it owns."""
+
+
+def test_the_errors_of_a_close_keep_no_cycle_through_the_closing_frames() -> None:
+    """A close's error is kept without its traceback, which held the frames that closed.
+
+    Kept with it, the list of errors made a cycle through the stopping
+    actor's frames, which hold its user's object: the object was freed at
+    the next cycle collection instead of when the actor stopped.
+    """
+    tree = Owners()
+    owner = FakeActor()
+    timed_out: Future[Any] = Future()
+    failed: Future[Any] = Future()
+    try:
+        raise KeyError("the cause")
+    except KeyError as cause:
+        error = RuntimeError("the stop failed")
+        error.__cause__ = cause
+        failed.set_exception(error)
+
+    def broken(reason: str) -> None:
+        raise ValueError("the close raised")
+
+    node = tree.owner_of(owner)
+    tree.adopt(node, Kind.ACTOR_MESH, "late", recorder([], "late", timed_out))
+    tree.adopt(node, Kind.ACTOR_MESH, "failed", recorder([], "failed", failed))
+    tree.adopt(node, Kind.PROC_MESH, "broken", broken)
+
+    def stopping(obj: Owner) -> list[str]:
+        held = [obj]  # as the actor's frames hold its object while it closes what it owns
+        errors = tree.close_actor(owner, "stop", 0.01)
+        assert held and all(e.__traceback__ is None for e in errors)
+        return sorted(type(e).__name__ for e in errors)
+
+    obj = Owner()
+    gone = weakref.ref(obj)
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()  # only reference counts free the object now
+    try:
+        assert stopping(obj) == ["RuntimeError", "TimeoutError", "ValueError"]
+        del obj
+        assert gone() is None, "a cycle keeps the owner's object"
+    finally:
+        if enabled:
+            gc.enable()
