@@ -12,7 +12,7 @@ placements); then it is queued for the workers, where DTensor runs it and
 issues the collectives it needs.  Nothing here writes a sharding rule.
 
 Per-process tensors (:class:`~._handle.Tensor`) stay as they were; an
-operation that mixes the two raises a ``TypeError`` with the fix.
+operation that mixes the two raises a ``ValueError`` with the fix.
 """
 
 from __future__ import annotations
@@ -233,11 +233,12 @@ def placements_of(spec: Sequence[Any], procs: ProcMesh, ndim: int) -> tuple[Plac
 
 
 def _local_shape(spec: DTensorSpec, rank: int) -> list[int]:
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    """The shape of the piece that process ``rank`` of the mesh holds, by DTensor's own arithmetic."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
     coordinate = [int(c) for c in (spec.mesh.mesh == rank).nonzero()[0]]
-    shape, _ = compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements,
-                                                     _coordinate=coordinate)  # type: ignore[call-arg]
+    shape, _ = _compute_local_shape_and_global_offset(spec.shape, spec.mesh.mesh.shape, coordinate,
+                                                      spec.placements, skip_offset=True)
     return list(shape)
 
 
@@ -325,8 +326,10 @@ def _fetch_full(t: DTensor) -> torch.Tensor:
 # --- dispatch
 
 
-def _mixing(func: Any, leaf: Tensor) -> TypeError:
-    return TypeError(
+def _mixing(func: Any, leaf: Tensor) -> ValueError:
+    # ValueError, as for tensors of two meshes: torch turns a TypeError under an operator (`a + b`)
+    # into "unsupported operand type(s)", which would lose the fix
+    return ValueError(
         f"tensor engine: {func} mixes a global tensor (mpimesh.DTensor) with a per-process tensor {leaf!r}; "
         "make both global (mpimesh.distribute(t, mesh, sharding_spec=[...])) or both per-process (dt.to_local())"
     )
