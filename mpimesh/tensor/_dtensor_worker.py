@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -31,6 +32,11 @@ __all__ = [
 
 #: Bytes of a store address as it travels back to the controller (a tensor of fixed shape).
 ADDRESS_BYTES = 256
+
+#: Seconds a collective may wait for its peers.  A command that fails on some processes only (a
+#: value-dependent error) leaves the others in the next collective alone: they fail (and poison
+#: their results) after this bound instead of torch's default 30 minutes.
+COLLECTIVE_TIMEOUT = 300
 
 #: This process's device mesh per controller mesh key, and the store rank 0 of a world serves.
 _MESHES: dict[Any, DeviceMesh] = {}
@@ -78,7 +84,8 @@ def join_world(key: Any, ranks: list[int], sizes: list[int], names: list[str], a
     store = _STORES.get(key)
     if store is None:
         store = TCPStore(host, int(port), world, is_master=False)
-    dist.init_process_group(backend(device), store=store, rank=rank, world_size=world)
+    dist.init_process_group(backend(device), store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT))
     mesh = torch.arange(world).view(sizes)
     _MESHES[key] = DeviceMesh(device, mesh, mesh_dim_names=tuple(names))
     # DTensor warns once per process that a reduction over two mesh dimensions takes two all-reduces

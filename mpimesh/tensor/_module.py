@@ -28,6 +28,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 from . import _mesh
 from ._dtensor import DTensor, _redistributed, distribute_global
+from ._handle import Tensor
 
 __all__ = ["module_to_mesh"]
 
@@ -125,10 +126,8 @@ def _shard_inputs(mesh: Any, dp: list[int], args: tuple[Any, ...], kwargs: dict[
         ways *= sizes[i]
 
     def place(x: Any) -> Any:
-        if not isinstance(x, torch.Tensor) or isinstance(x, DTensor) or x.dim() == 0:
-            return x
-        if type(x).__module__.startswith("mpimesh"):
-            return x  # a per-process tensor: the operation's own check names the mix
+        if not isinstance(x, torch.Tensor) or isinstance(x, Tensor) or x.dim() == 0:
+            return x  # a global tensor already, or a per-process one (the operation's own check names the mix)
         placements: list[Any] = [_TorchReplicate() for _ in sizes]
         if x.shape[0] % ways == 0:
             for i in dp:
