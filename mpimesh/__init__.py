@@ -26,6 +26,7 @@ from .context import current_actor_name as current_actor_name
 from .context import current_rank as current_rank
 from .context import current_size as current_size
 from .debug import debug_controller as debug_controller
+from .distributed import Mesh as Mesh
 from .errors import ActorError as ActorError
 from .errors import DeviceMeshError as DeviceMeshError
 from .errors import MeshInternalError as MeshInternalError
@@ -73,14 +74,17 @@ __all__ = [
     "Channel",
     "ChannelTransport",
     "Context",
+    "DTensor",
     "DeviceMeshError",
     "Endpoint",
     "Extent",
     "Future",
     "HostMesh",
     "Instance",
+    "Mesh",
     "MeshFailure",
     "MeshInternalError",
+    "Partial",
     "Point",
     "Port",
     "PortReceiver",
@@ -125,6 +129,7 @@ __all__ = [
     "inspect",
     "is_ibverbs_available",
     "is_rdma_available",
+    "module_to_mesh",
     "no_mesh",
     "reduce",
     "reduce_",
@@ -139,8 +144,8 @@ __all__ = [
 
 #: The tensor engine's names (mpimesh.tensor): they import torch, so they load on first use.
 _TENSOR = (
-    "Remote", "Replicate", "Shard", "Tensor", "distribute", "fetch_shard", "gather", "get_active_mesh", "inspect",
-    "no_mesh", "reduce", "reduce_", "remote",
+    "DTensor", "Partial", "Remote", "Replicate", "Shard", "Tensor", "distribute", "fetch_shard", "gather",
+    "get_active_mesh", "inspect", "module_to_mesh", "no_mesh", "reduce", "reduce_", "remote",
 )
 
 

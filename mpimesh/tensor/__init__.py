@@ -13,6 +13,8 @@ from ._distribute import Replicate as Replicate
 from ._distribute import Shard as Shard
 from ._distribute import distribute as distribute
 from ._distribute import gather as gather
+from ._dtensor import DTensor as DTensor
+from ._dtensor import Partial as Partial
 from ._fetch import fetch_shard as fetch_shard
 from ._fetch import inspect as inspect
 from ._fetch import rank_tensor as rank_tensor
@@ -21,12 +23,15 @@ from ._handle import Tensor as Tensor
 from ._handle import activate as activate
 from ._handle import active_mesh as get_active_mesh
 from ._handle import no_mesh as no_mesh
+from ._module import module_to_mesh as module_to_mesh
 from ._reduce import reduce as reduce
 from ._reduce import reduce_ as reduce_
 from ._remote import Remote as Remote
 from ._remote import remote as remote
 
 __all__ = [
+    "DTensor",
+    "Partial",
     "Remote",
     "Replicate",
     "Shard",
@@ -37,6 +42,7 @@ __all__ = [
     "gather",
     "get_active_mesh",
     "inspect",
+    "module_to_mesh",
     "no_mesh",
     "rank_tensor",
     "rank_tensors",
@@ -48,8 +54,8 @@ __all__ = [
 
 #: The names ``mpimesh`` re-exports (its ``_TENSOR``): they report module ``mpimesh``, as its own do.
 _REEXPORTED = (
-    "Remote", "Replicate", "Shard", "Tensor", "distribute", "fetch_shard", "gather", "get_active_mesh", "inspect",
-    "no_mesh", "reduce", "reduce_", "remote",
+    "DTensor", "Partial", "Remote", "Replicate", "Shard", "Tensor", "distribute", "fetch_shard", "gather",
+    "get_active_mesh", "inspect", "module_to_mesh", "no_mesh", "reduce", "reduce_", "remote",
 )
 
 

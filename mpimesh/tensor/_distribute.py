@@ -77,8 +77,16 @@ def _piece(local: torch.Tensor, coords: dict[str, int], sizes: dict[str, int],
     return cast(torch.Tensor, empty_like_fast(piece).copy_(piece))
 
 
-def distribute(local: torch.Tensor, procs: ProcMesh, placements: Sequence[Placement]) -> Tensor:
+def distribute(local: torch.Tensor, procs: ProcMesh, placements: Sequence[Placement] | None = None, *,
+               sharding_spec: Sequence[Any] | None = None) -> Tensor:
     """Split ``local`` over ``procs``: one placement per mesh dimension, in order; returns a mesh tensor.
+
+    With ``sharding_spec=`` (per tensor dimension, the name of the mesh
+    dimension it is split over, or None; or DTensor's placements, one per
+    mesh dimension, ``Partial()`` included) the result is a global-view
+    :class:`mpimesh.DTensor` instead: one tensor of ``local``'s shape whose
+    operations have the global meaning (issue #28; :mod:`._dtensor`).
+    Without it, each process gets its own block as a per-process tensor:
 
     ``Shard(d)`` along a mesh dimension of size n gives its i-th process the
     i-th of n equal blocks of tensor dimension ``d``; ``Replicate()`` gives
@@ -89,6 +97,14 @@ def distribute(local: torch.Tensor, procs: ProcMesh, placements: Sequence[Placem
         TypeError: bad argument types.
         ValueError: the wrong number of placements, or a dimension that does not split evenly.
     """
+    if sharding_spec is not None:
+        if placements is not None:
+            raise TypeError("distribute: give placements or sharding_spec=, not both")
+        from ._dtensor import distribute_global
+
+        return distribute_global(local, procs, sharding_spec)
+    if placements is None:
+        raise TypeError("distribute: expecting placements (one per mesh dimension) or sharding_spec=[...]")
     placements = _check(local, procs, placements)
     shape = procs.view_shape
     labels, sizes = shape.labels, dict(shape.extent)

@@ -313,6 +313,9 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
     parts: list[Any] = []  # the result cache's key: one part per leaf, a handle's from _new_handle
     for leaf in leaves:
         if isinstance(leaf, Tensor):
+            if leaf.__class__ is not Tensor:
+                # a global-view tensor (_dtensor.DTensor): its own dispatch, inside activate() too
+                return leaf.__class__.__torch_dispatch__(func, (), args, kwargs)
             if first is None:
                 first = leaf
             elif leaf._procs is not first._procs:

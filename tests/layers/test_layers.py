@@ -47,7 +47,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mpimesh"
 
 LEAVES = {"shape", "_shape_checks", "_shape_points", "value_mesh", "future", "errors", "context", "supervision",
           "config", "_version", "transport_names", "rma_backend", "_waits", "exceptions"}
-PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma", "debug"}
+PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma", "debug", "distributed"}
 TOOLS = {"spmd"}
 
 #: layer -> the layers it may import (besides itself)
@@ -71,6 +71,7 @@ ALLOWED: dict[str, set[str]] = {
 TENSOR_ENTRIES = {
     ("mpimesh", "mpimesh.tensor"),
     ("mpimesh.proc_mesh", "mpimesh.tensor"),
+    ("mpimesh.distributed", "mpimesh.tensor"),
 }
 
 #: The tensor engine's imports from below the public API, each for what no public module offers:
