@@ -5,6 +5,7 @@ const token = new URLSearchParams(location.search).get("token");
 const withToken = (url) => token ? url + (url.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(token) : url;
 const $ = (id) => document.getElementById(id);
 
+const PLOT_CONFIG = { responsive: true, displaylogo: false, displayModeBar: "hover" };
 // metric name -> {div, traces: source -> trace index}
 const charts = new Map();
 const events = [];
@@ -115,8 +116,8 @@ function drawMetrics(snap) {
       box.append(div);
       chart = { div, traces: new Map() };
       charts.set(series.name, chart);
-      Plotly.newPlot(div, [], { title: { text: series.name }, margin: { t: 30, r: 10, b: 30, l: 50 },
-                                xaxis: { title: { text: "step" } }, showlegend: true }, { responsive: true });
+      Plotly.newPlot(div, [], { title: { text: series.name }, margin: { t: 36, r: 10, b: 36, l: 50 },
+                                xaxis: { title: { text: "step" } }, showlegend: true }, PLOT_CONFIG);
     }
     if (!chart.traces.has(series.source)) {
       chart.traces.set(series.source, chart.div.data.length);
@@ -139,7 +140,7 @@ function drawEvents(snap) {
     const mine = events.filter((e) => e.kind === kind);
     return { x: mine.map((e) => new Date(e.time * 1000)), y: mine.map(() => kind), text: mine.map((e) => e.text),
              mode: "markers", type: "scatter", name: kind, marker: { size: 10 } };
-  }), { margin: { t: 10, r: 10, b: 30, l: 60 }, showlegend: false }, { responsive: true });
+  }), { margin: { t: 10, r: 10, b: 30, l: 60 }, showlegend: false }, PLOT_CONFIG);
 }
 
 function drawLogLabels(snap) {
