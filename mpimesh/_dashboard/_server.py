@@ -100,6 +100,7 @@ class Server:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
+        self.sock.listen(128)  # a browser pointed at the printed URL at once waits for the server, not refused
         self._thread = threading.Thread(target=self._serve, name="mpimesh-dashboard", daemon=True)
         self._thread.start()
 
