@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -64,7 +65,7 @@ def test_the_page_shows_the_job_live(tmp_path: Path) -> None:
         assert ready.wait(120), "the job printed no URL and PIDS within 120 s"
         url, pids = lines["URL"], json.loads(lines["PIDS"])
         assert url.startswith("http://127.0.0.1:"), url  # localhost by default, so no token
-        browser = Browser(tmp_path / "chromium")
+        browser = Browser(tmp_path / "chromium", (1500, 1000))
         browser.goto(url)
 
         # the tree: every process of the mesh, with its actor, under its host
@@ -89,9 +90,11 @@ def test_the_page_shows_the_job_live(tmp_path: Path) -> None:
                           "p => p.textContent.includes('trainers[0]')).dataset.addr")
         browser.js(f"document.getElementById('stack-proc').value = '{addr}'; showStack()")
         stack, _ = browser.wait_for("(() => { const t = document.getElementById('stack-text').textContent;"
-                                    " return t.includes('in stuck_in_here') ? t : null; })()", 10,
+                                    " return t.includes('in stuck_in_here()') ? t : null; })()", 10,
                                     "trainer 0's stack")
-        assert "dashboard_job.py" in stack and "stuck_in_here()" in stack, stack
+        # the actor's thread, its innermost frame first: the endpoint's, in the job's file
+        innermost = r"\(actor trainers\[0\]@[\d.]+\) in stuck_in_here\(\)\n  stuck_in_here\(\) \S*dashboard_job\.py:\d+"
+        assert re.search(innermost, stack), stack
 
         # a killed trainer turns failed, with its cause, within 2 s
         os.kill(pids[2], signal.SIGKILL)
@@ -100,8 +103,12 @@ def test_the_page_shows_the_job_live(tmp_path: Path) -> None:
             "(() => { const c = document.querySelector('.mesh[data-name=trainers] .cell[data-rank=\"2\"]');"
             " return c && c.dataset.state === 'failed' ? c.title : null; })()", 30, "trainer 2 failed")
         took = time.monotonic() - killed
+        print(f"trainer 2 showed as failed {took:.2f} s after its kill")
         assert f"(pid {pids[2]})" in why and "died" in why, why
         browser.wait_for("document.querySelector('#events .event.dead') !== null", 5, "the death in the timeline")
+        browser.js("document.getElementById('log-label').value = 'trainers[1]'; showLogs()")
+        browser.wait_for("document.getElementById('log-text').textContent.includes('trained 8 steps')", 10,
+                         "trainer 1's output")
         browser.screenshot(SCREENSHOT)
         assert took <= FAILED_WITHIN, f"trainer 2 showed as failed {took:.2f} s after its kill"
 

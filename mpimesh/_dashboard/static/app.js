@@ -5,7 +5,7 @@ const token = new URLSearchParams(location.search).get("token");
 const withToken = (url) => token ? url + (url.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(token) : url;
 const $ = (id) => document.getElementById(id);
 
-const PLOT_CONFIG = { responsive: true, displaylogo: false, displayModeBar: "hover" };
+const PLOT_CONFIG = { responsive: true, displaylogo: false, displayModeBar: false };
 // metric name -> {div, traces: source -> trace index}
 const charts = new Map();
 const events = [];
@@ -159,7 +159,9 @@ async function showLogs() {
   if (!label) { $("log-text").textContent = ""; return; }
   const answer = await fetch(withToken("api/logs?label=" + encodeURIComponent(label)));
   const body = await answer.json();
-  $("log-text").textContent = body.error || body.lines.map((l) => l[2]).join("\n");
+  const out = $("log-text");
+  out.textContent = body.error || body.lines.map((l) => l[2]).join("\n");
+  out.scrollTop = out.scrollHeight;
 }
 
 async function showStack() {
@@ -170,9 +172,12 @@ async function showStack() {
   const body = await answer.json();
   if (body.error) { out.textContent = body.error; return; }
   out.textContent = body.threads.map((t) =>
-    `--- thread ${t.thread}${t.actor ? " (actor " + t.actor + ")" : ""}${t.busy ? " in " + t.busy + "()" : ""}\n` +
-    t.frames.map(([file, line, fn, src]) => `  ${file}:${line} in ${fn}\n    ${src}`).join("\n")).join("\n");
+    `--- thread ${t.thread} (innermost call first)${t.actor ? " (actor " + t.actor + ")" : ""}${t.busy ? " in " + t.busy + "()" : ""}\n` +
+    // innermost first: a stuck endpoint's own frame is the first line under its thread
+    t.frames.slice().reverse().map(([file, line, fn, src]) => `  ${fn}() ${file}:${line}\n    ${src}`).join("\n"))
+    .join("\n");
   out.dataset.proc = proc;
+  out.scrollTop = 0;
 }
 
 function draw(snap) {
