@@ -1,6 +1,6 @@
 """The dashboard's web server: a Starlette app under uvicorn, on a thread of the controller's process.
 
-Routes (every one checks the token when there is one, ``?token=``):
+Routes (all but ``/static/`` check the token when there is one, ``?token=``):
 
 - ``/``: the page (``static/index.html``), its script and style under ``/static/``;
 - ``/static/plotly.min.js``: the charting library, from the installed ``plotly`` package (no network);
@@ -58,14 +58,18 @@ def _addr(text: str) -> tuple[int, int]:
 
 
 class _TokenCheck:
-    """ASGI middleware: every request must carry ``?token=<token>`` (a shared dashboard's only lock)."""
+    """ASGI middleware: every request for the job's data must carry ``?token=<token>`` (a shared dashboard's lock).
+
+    The page's own files (``/static/``: its script, style and Plotly) hold nothing of the job, and the page
+    loads them without the token.
+    """
 
     def __init__(self, app: Any, token: str) -> None:
         self.app = app
         self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] == "http" and not scope.get("path", "").startswith("/static/"):
             given = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
             if not secrets.compare_digest(given, self.token):
                 from starlette.responses import PlainTextResponse

@@ -137,3 +137,23 @@ def test_the_page_shows_the_job_live(tmp_path: Path) -> None:
     assert job.ended and job.returncode == 0, job.describe()
     assert "hook trainers [2]" in job.stdout, job.describe()
     assert f"mpimesh: dashboard at {url}" in job.stderr, job.describe()
+
+
+@pytest.mark.subprocess
+def test_a_shared_page_works_with_its_token_only(tmp_path: Path) -> None:
+    """A dashboard with a token (any host but localhost): the page connects with it, and shows nothing without."""
+    find_chromium()
+    pytest.importorskip("websockets.sync.client")
+    from mpimesh._dashboard._server import Server
+
+    server = Server("127.0.0.1", 0, "s3cret")
+    browser = Browser(tmp_path / "chromium")
+    try:
+        browser.goto(server.url)
+        browser.wait_for("document.getElementById('status').textContent === 'live' && typeof Plotly === 'object'",
+                         30, "the page live, with Plotly loaded")
+        browser.goto(server.url.replace("s3cret", "guess"))
+        text, _ = browser.wait_for("document.body.innerText", 10, "the refusal")
+        assert "missing or wrong ?token=" in text, text
+    finally:
+        browser.close()

@@ -86,7 +86,10 @@ def test_a_shared_dashboard_needs_its_token(tmp_path: Path) -> None:
     assert _status(base) == 403
     assert _status(base + "?token=wrong") == 403
     assert _status(base + "?token=s3cret") == 200
-    assert _status(base + "static/app.js?token=s3cret") == 200
+    assert _status(base + "static/app.js") == 200  # the page's own files hold nothing of the job
+    assert _status(base + "static/plotly.min.js") == 200
+    assert _status(base + "events") == 403
+    assert _status(base + "api/snapshot") == 403
     assert _status(base + "api/stack?proc=x&token=s3cret") == 400
     assert _status(base + "nothing?token=s3cret") == 404
     with urllib.request.urlopen(base + "api/snapshot?token=s3cret", timeout=10) as answer:
