@@ -32,6 +32,8 @@ __all__ = ["ANSWER_WITHIN", "PERIOD", "Collector", "addr_text", "stack_of"]
 PERIOD = 1.0
 #: Seconds a process has to answer a look.
 ANSWER_WITHIN = 0.8
+#: The least seconds between two looks (a burst of events, a host lost, makes one look, not one each).
+MIN_GAP = 0.1
 
 Addr = tuple[int, int]
 
@@ -125,10 +127,12 @@ class Collector:
     # --- the loop ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        seen = 0
+        seen, last = 0, 0.0
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._watchers > 0)
+            time.sleep(max(0.0, last + MIN_GAP - time.monotonic()))
+            last = time.monotonic()
             rt = _current.runtime
             if rt is not None:
                 try:
