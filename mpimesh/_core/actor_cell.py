@@ -80,6 +80,11 @@ class ActorCell:
         #: the exception of the last call that failed, its traceback kept for
         #: ``mpimesh.debug.pm`` (one per actor, dropped when the actor stops)
         self.last_error: BaseException | None = None
+        #: ``(endpoint, time.monotonic() at its start)`` while a sync endpoint runs, for the dashboard
+        self.busy: tuple[str, float] | None = None
+        #: calls taken, and bytes of their pickled arguments (the dashboard's rates)
+        self.calls = 0
+        self.call_bytes = 0
         addr = runtime.addr
         self.actor_id = f"{name}[{point.rank}]@{addr[0]}.{addr[1]}"
         coords = ", ".join(f"{k}={v}" for k, v in point.items())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -82,6 +83,9 @@ class Cell(Protocol):
     header: str
     class_path: str
     last_error: BaseException | None
+    busy: tuple[str, float] | None
+    calls: int
+    call_bytes: int
 
     def report_fault(self, exc: BaseException, where: str) -> None: ...
 
@@ -119,6 +123,8 @@ class Invoker:
         """Handle a CALL: refused unless the actor runs, else the endpoint is called."""
         _, _, _, method, args, port, point, *_ = item.frame
         index = point[0]
+        if type(args) is bytes:
+            self._cell.call_bytes += len(args) + sum(memoryview(b).nbytes for b in item.buffers)
         if self._life.phase is not _RUNNING:
             if port is not None:
                 self.refuse(port, index, method, point, f"Actor {self._cell.actor_id} {self._life.why_not()}")
@@ -178,16 +184,22 @@ class Invoker:
         explicit response port of an endpoint that answers by itself, told
         if the endpoint raises.
         """
+        cell = self._cell
+        cell.calls += 1
+        cell.busy = (method, time.monotonic())
         try:
             result = fn(*args, **kwargs) if kwargs else fn(*args)  # no dict built for the common call
             if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
                 if pending is None:
                     raise TypeError(f"endpoint {method} returned an awaitable in a sync actor; declare it async def")
+                cell.busy = None  # the coroutine runs on: the dashboard shows sync endpoints only
                 pending.append(self._finish_async(result, port, index, method, _context_var.get(), failed_port))
                 return
         except BaseException as exc:
+            cell.busy = None
             self._failed(exc, port, index, method, failed_port)
         else:
+            cell.busy = None
             if port is not None and type(result) in _SCALARS:
                 self._runtime.reply_value(port[0], port[1], index, result)  # plain data: cannot fail to pickle
             else:

@@ -449,7 +449,9 @@ def _stop_mesh(rt: Any, key: Key, what: str, shape: Shape, targets: list[Addr], 
 def own_procs(key: Key, name: str, stop: Callable[[str], Future[None]]) -> None:
     """Adopt the process mesh ``key`` the caller spawned: it stops with its owner, or by ``stop(reason)``."""
     rt = _current.current()
-    rt.owners.adopt(rt.owners.owner_of(context().actor_instance._actor), Kind.PROC_MESH, name, stop, key=key)
+    # payload: the ProcMesh whose stop this is (its processes, for the dashboard's tree)
+    rt.owners.adopt(rt.owners.owner_of(context().actor_instance._actor), Kind.PROC_MESH, name, stop, key=key,
+                    payload=getattr(stop, "__self__", None))
 
 
 def attach(key: Key, name: str, make: Callable[[], Any], close: Callable[[Any], None] | None) -> Any:

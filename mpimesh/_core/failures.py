@@ -28,7 +28,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..supervision import MeshFailure
-from . import protocol
+from . import journal, protocol
 from .logs import warn
 from .owners import Kind, Node, Owners
 from .protocol import CONTROLLER, Frame
@@ -210,6 +210,7 @@ class Failures:
         if addr in self.dead:
             return
         self.dead[addr] = report
+        journal.event("dead", report, addr=addr)
         ringer = self._process.ringer
         if ringer is not None:
             ringer.forget(addr)
@@ -227,6 +228,7 @@ class Failures:
 
     def supervise(self, owner: Owner | None, failure: MeshFailure) -> None:
         """Deliver ``failure`` to the owner actor, or to the role at the top."""
+        journal.event("failure", failure.cause, mesh=failure.mesh_name, ranks=list(failure.crashed_ranks))
         if owner is not None:
             owner.supervise(failure)
             return

@@ -26,7 +26,7 @@ from ..config import settings
 from ..future import Future
 from ..shape import Shape
 from . import current as _current
-from . import protocol
+from . import journal, protocol
 from .owners import Kind
 from .ports import Gather
 
@@ -86,6 +86,8 @@ def heal(key: Any, ranks: list[int], addrs: tuple[Addr, ...], hosts: tuple[str, 
     for fut in waits:
         if fut is not None:
             fut.get(max(0.0, deadline - time.monotonic()))
+    journal.event("heal", f"replaced {len(lost)} dead process(es): " + ", ".join(
+        f"{a[0]}.{a[1]} -> {b[0]}.{b[1]}" for a, b in moved.items()), key=key)
     return Healed(lost, tuple(new_addrs), tuple(new_hosts))
 
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, TextIO
 
 from ..config import settings
+from . import journal
 from .protocol import CONTROLLER, Frame, log
 
 __all__ = ["Forwarder", "Printer", "debug", "install_forwarders", "label", "warn"]
@@ -177,6 +178,7 @@ class Printer:
         self._held: dict[tuple[int, str], tuple[float, list[str]]] = {}
 
     def on_log(self, stream: int, lines: list[tuple[str, str]]) -> None:
+        journal.log_lines(stream, lines)
         if self.fold <= 0:
             target = sys.__stdout__ if stream == 1 else sys.__stderr__
             if target is not None:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from ..config import settings
 from ..shape import Shape
 from . import current as _current
+from . import journal
 from .logs import warn
 from .owners import Kind
 
@@ -110,6 +111,7 @@ def shrink(key: Any, shape: Shape, addrs: tuple[Addr, ...], hosts: tuple[str, ..
     # The dead processes are given up: the role stops counting them as held (its stop skips the dead).
     rt.role.release([addrs[r] for r in sorted(lost)], "given up by ProcMesh.shrink()")
     new_shape = Shape.row_major(p.labels, p.sizes)
+    journal.event("shrink", f"{what} shrunk to {new_shape} ({len(lost)} dead process(es) given up)", key=key)
     return Shrunk(rt.new_id(), new_shape, tuple(addrs[r] for r in p.survivors),
                   tuple(hosts[r] for r in p.survivors))
 

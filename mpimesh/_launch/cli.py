@@ -57,15 +57,19 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..config import parse_dashboard
 from .discover import MpiLibrary, find_mpiexec, no_mpiexec_message, probe_library
 from .info import info_command
 
 __all__ = ["main"]
 
+#: ``mpimesh run --dashboard``'s port (``mpimesh.dashboard()``'s default too)
+DASHBOARD_PORT = "8780"
+
 _USAGE = """\
 usage: mpimesh run -n N [--host LIST | --hostfile FILE] [--spares-per-host K]
-                   [--oversubscribe] [--no-ft] [--dry-run] [--mpiexec PATH]
-                   (script.py | -m module) [args...]
+                   [--oversubscribe] [--no-ft] [--dashboard[=[HOST:]PORT]]
+                   [--dry-run] [--mpiexec PATH] (script.py | -m module) [args...]
        mpimesh info [--get KEY]
 
 Run a Python script (or module) on an MPI world of N processes: rank 0 runs
@@ -87,6 +91,10 @@ run options:
                     workers spawned later); automatic when N exceeds the
                     usable CPUs outside a Slurm allocation
   --no-ft           Open MPI 5: do not pass --with-ft ulfm
+  --dashboard[=[HOST:]PORT]
+                    serve the job's live dashboard from the controller
+                    (MPIMESH_DASHBOARD) and print its URL; default port
+                    8780 on 127.0.0.1; a HOST shares it (with a token)
   --dry-run         print the command (with the environment it adds), do
                     not run it
   --mpiexec PATH    use this mpiexec instead of searching for the one that
@@ -116,6 +124,7 @@ class RunOptions:
         dry_run: Print, do not run.
         mpiexec: ``--mpiexec PATH``, or ``None`` to search.
         spares_per_host: ``--spares-per-host K``: K more ranks on each host (0: none).
+        dashboard: ``--dashboard[=[HOST:]PORT]``: ``MPIMESH_DASHBOARD`` for the job, or ``None``.
 
     """
 
@@ -128,6 +137,7 @@ class RunOptions:
     hosts: str | None = None
     hostfile: str | None = None
     spares_per_host: int = 0
+    dashboard: str | None = None
 
 
 def parse_run_args(argv: Sequence[str]) -> RunOptions:
@@ -149,6 +159,7 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
     hosts: str | None = None
     hostfile: str | None = None
     spares = 0
+    dashboard: str | None = None
     target: list[str] = []
     i = 0
 
@@ -189,6 +200,15 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
             spares = _parse_spares(value(arg))
         elif arg.startswith("--spares-per-host="):
             spares = _parse_spares(arg[len("--spares-per-host="):])
+        elif arg == "--dashboard":
+            dashboard = DASHBOARD_PORT
+        elif arg.startswith("--dashboard="):
+            dashboard = arg[len("--dashboard="):]
+            try:
+                parse_dashboard(dashboard)
+            except ValueError:
+                raise ValueError(f"mpimesh run: expecting --dashboard=PORT or --dashboard=HOST:PORT, got {arg!r};"
+                                 " e.g. `mpimesh run -n 4 --dashboard=8780 script.py`") from None
         elif arg == "-m":
             target = ["-m", value(arg), *argv[i + 1:]]
             break
@@ -219,7 +239,7 @@ def parse_run_args(argv: Sequence[str]) -> RunOptions:
             "mpimesh run: --spares-per-host cannot change a --hostfile; add the spares to the file"
             " (K more slots on each host) and to -n (K more per host) instead"
         )
-    return RunOptions(nprocs, target, oversubscribe, ft, dry_run, mpiexec, hosts, hostfile, spares)
+    return RunOptions(nprocs, target, oversubscribe, ft, dry_run, mpiexec, hosts, hostfile, spares, dashboard)
 
 
 def _parse_nprocs(text: str) -> int:
@@ -443,6 +463,8 @@ def build_command(
             argv += ["--bind-to", "none"]
         if euid == 0:
             added.update({name: "1" for name in _ROOT_VARS if name not in environ})
+    if opts.dashboard is not None:
+        added["MPIMESH_DASHBOARD"] = opts.dashboard
     argv += [python, "-m", "mpimesh", *opts.target]
     return argv, added
 

@@ -284,6 +284,54 @@ def _set_trace(*, header: str | None = None) -> None:
 # --- post-mortem ---------------------------------------------------------------------------------
 
 
+#: op -> ``fn(runtime, argument)``: DEBUG requests ``(argument, reply port)`` answered with ``fn``'s value.
+_OPS: dict[str, Callable[[Any, Any], Any]] = {}
+
+
+def register_op(op: str, fn: Callable[[Any, Any], Any]) -> None:
+    """Answer DEBUG ``op`` frames in every process with ``fn(runtime, argument)`` (quick: on the polling thread)."""
+    _OPS[op] = fn
+
+
+def stacks(rt: Any, _: Any = None) -> list[dict[str, Any]]:
+    """The current Python stack of every thread of this process, the actors' first (``"stack"`` op).
+
+    Each entry: ``thread`` (its name), ``actor`` (the actor id whose thread it is, or ``""``), ``busy``
+    (the endpoint it runs, or ``""``) and ``frames``: ``(file, line, function, source line)``, innermost last.
+    """
+    import traceback
+
+    actors = {cell.thread.ident: cell for cell in list(rt.actors.live.values())}
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, top in sys._current_frames().items():
+        cell = actors.get(ident)
+        frames = []
+        for summary in traceback.extract_stack(top):
+            path, line, function = _where_summary(summary, top)
+            frames.append((path, line, function, summary.line or ""))
+        busy = getattr(cell, "busy", None)
+        out.append({"thread": names.get(ident, str(ident)), "actor": cell.actor_id if cell is not None else "",
+                    "busy": busy[0] if busy else "", "frames": frames})
+    out.sort(key=lambda entry: (not entry["actor"], entry["thread"]))
+    return out
+
+
+def _where_summary(summary: Any, top: FrameType) -> tuple[str, int, str]:
+    # the script's code shipped by value is named by its file, as the debugger names it
+    path = summary.filename
+    if path == _DYNAMIC:
+        frame: FrameType | None = top
+        while frame is not None and not (frame.f_code.co_name == summary.name and frame.f_lineno == summary.lineno):
+            frame = frame.f_back
+        if frame is not None:
+            path = str(frame.f_globals.get("__file__") or path)
+    return (path, summary.lineno or 0, summary.name)
+
+
+register_op("stack", stacks)
+
+
 class Agent:
     """Serves DEBUG frames in one process (see ``protocol.debug``).
 
@@ -301,6 +349,12 @@ class Agent:
         Served off the polling thread: the session runs on a thread of its own.
         """
         _, _, op, arg = frame
+        serve = _OPS.get(op)
+        if serve is not None:
+            # A quick look at this process (its stacks, the dashboard's figures), answered at once.
+            value, port = serve(self.rt, arg[0]), arg[1]
+            self.rt.reply(port, 0, Status.OK, value)
+            return
         if op != "pm":
             return
         actor_id, port = arg

@@ -5,7 +5,8 @@ Every ``import`` statement counts: module level, inside functions, and under
 to bottom:
 
 - ``__main__``: dispatches to the launcher, a worker or the controller;
-- public mesh modules (``actor actor_mesh proc_mesh channel rma``, the ``debug`` package): validate,
+- public mesh modules (``actor actor_mesh proc_mesh channel rma``, the ``debug`` and ``_dashboard``
+  packages): validate,
   pickle, and hand requests to ``_core``; they never say MPI;
 - ``_roles``: what differs between the controller and the workers;
 - ``_core``: one process's runtime, the same on every rank;
@@ -47,7 +48,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mpimesh"
 
 LEAVES = {"shape", "_shape_checks", "_shape_points", "value_mesh", "future", "errors", "context", "supervision",
           "config", "_version", "transport_names", "rma_backend", "_waits", "exceptions"}
-PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma", "debug", "distributed"}
+PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma", "debug", "distributed", "_dashboard"}
 TOOLS = {"spmd"}
 
 #: layer -> the layers it may import (besides itself)

@@ -1,0 +1,90 @@
+"""The dashboard's data path in a live job, without a browser: one look, a stack, metrics from an endpoint."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import mpimesh
+from mpimesh import Actor, endpoint
+from mpimesh._core import current, journal
+from mpimesh._dashboard import _metrics
+from mpimesh._dashboard._collect import Collector, addr_text, stack_of
+
+pytestmark = pytest.mark.mesh
+
+
+class Watched(Actor):
+    @endpoint
+    def learn(self, steps: int) -> int:
+        for step in range(steps):
+            mpimesh.log_metric("collect-test", float(step), step=step)
+        return os.getpid()
+
+    @endpoint
+    def wait_here(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _mesh(snapshot: dict[str, Any], name: str) -> dict[str, Any]:
+    (mesh,) = [m for m in snapshot["meshes"] if m["name"] == name]
+    return mesh
+
+
+def test_one_look_sees_the_mesh_its_metrics_and_a_busy_actor(procs: Any) -> None:
+    watched = procs.spawn("watched", Watched)
+    watched.learn.call(5).get(30)
+    rt = current.current()
+    collector = Collector()
+    snap = collector.collect(rt)
+    mesh = _mesh(snap, "watched")
+    assert mesh["sizes"] == [2] and [r["state"] for r in mesh["ranks"]] == ["running", "running"], mesh
+    addrs = [r["addr"] for r in mesh["ranks"]]
+    procs_by_addr = {p["addr"]: p for p in snap["procs"]}
+    assert all(procs_by_addr[a]["rss"] > 0 and f"watched[{i}]" in procs_by_addr[a]["actors"]
+               for i, a in enumerate(addrs)), snap["procs"]
+    assert addr_text(rt.addr) in procs_by_addr
+    assert any(addrs == pm["procs"] for pm in snap["proc_meshes"]), snap["proc_meshes"]
+    _, series = _metrics.series()
+    got = {s.source: [p[1] for p in s.points] for s in series if s.name == "collect-test"}
+    assert got == {"watched[0]": [0.0, 1.0, 2.0, 3.0, 4.0], "watched[1]": [0.0, 1.0, 2.0, 3.0, 4.0]}, got
+
+    busy = watched.slice(gpus=1).wait_here.call_one(3.0)
+    time.sleep(0.5)
+    rank = _mesh(collector.collect(rt), "watched")["ranks"][1]
+    assert rank["state"] == "busy" and rank["busy"] == "wait_here" and rank["busy_for"] > 0.2, rank
+    assert rank["addr"] == addrs[1]
+    island, _, number = addrs[1].partition(".")
+    threads = stack_of((int(island), int(number)))
+    (mine,) = [t for t in threads if t["actor"].startswith("watched[1]")]
+    assert mine["busy"] == "wait_here" and mine["frames"][-1][2] == "wait_here", mine
+    busy.get(30)
+    watched.stop().get(30)
+    assert all(m["name"] != "watched" for m in collector.collect(rt)["meshes"])
+
+
+def test_the_collector_sleeps_until_watched_and_wakes_on_an_event() -> None:
+    collector = Collector()
+    time.sleep(0.3)
+    assert collector.version == 0  # nobody watches: no look
+    collector.watch()
+    try:
+        assert collector.wait_version(0, 10) >= 1
+        seen = collector.version
+        woke = threading.Event()
+
+        def wait() -> None:
+            collector.wait_version(seen, 5)
+            woke.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        journal.event("test", "an event wakes the collector before its period")
+        assert woke.wait(5)
+    finally:
+        collector.unwatch()
