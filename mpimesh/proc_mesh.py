@@ -13,6 +13,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from functools import partial
 from types import ModuleType
 from typing import Any, TypeVar, cast
 
@@ -242,7 +243,9 @@ class ProcMesh(MeshTrait):
         coordinates, which calls made after the shrink carry
         (``current_rank()``).  Views of part of an actor mesh taken before
         the shrink keep the old coordinates: slice the mesh again.  What
-        was attached to this mesh (the tensor engine's client) is closed.
+        was attached to this mesh is closed, but for the tensor engine's
+        client, which follows: tensors made on this mesh (not on a slice)
+        now belong to the new one, with the survivors' local tensors.
         Later deaths are reported in the new coordinates, and ``stop()``
         on the new mesh gives its processes back.
 
@@ -266,6 +269,8 @@ class ProcMesh(MeshTrait):
         self._stopped = True
         procs = ProcMesh(new.shape, new.addrs, new.hosts, key=new.key, owned=True)
         _calls.own_procs(new.key, repr(procs), procs.stop)
+        for name, adopt in new.followers:  # the tensor engine's client goes on with the survivors' tensors
+            procs.attach(name, partial(adopt, self, procs))
         return procs
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:

@@ -14,7 +14,8 @@ What a heal does not carry over: the dead actors' state (their constructor
 runs again; restore it from a survivor or a checkpoint), handles on the mesh
 held by other processes (an actor that was handed the mesh still addresses
 the dead process: hand it the healed mesh again), and objects attached to
-the process mesh (the tensor engine's client is made anew on its next use).
+the process mesh (closed and made anew on their next use, except those that
+follow a heal: the tensor engine's client keeps the survivors' tensors).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def heal(key: Any, ranks: list[int], addrs: tuple[Addr, ...], hosts: tuple[str, 
         moved[addrs[i]] = addr
         new_addrs[i], new_hosts[i] = addr, host
     rt.hosts.update((addr, host) for addr, host in placed)
-    _drop_attached(rt, key)
+    _drop_attached(rt, key, {i: dead[addrs[i]] for i in lost}, tuple(new_addrs))
     waits = [_remake(rt, node.key, node.payload, moved) for node in rt.owners.of_kind(Kind.ACTOR_MESH)
              if any(a in moved for a in node.payload.addrs)]
     deadline = time.monotonic() + (settings.spawn_timeout if timeout is None else timeout)
@@ -91,14 +92,20 @@ def heal(key: Any, ranks: list[int], addrs: tuple[Addr, ...], hosts: tuple[str, 
     return Healed(lost, tuple(new_addrs), tuple(new_hosts))
 
 
-def _drop_attached(rt: Any, key: Any) -> None:
-    # What was attached to the mesh (the tensor engine's client) was built over the dead processes.
+def _drop_attached(rt: Any, key: Any, reports: dict[int, str], addrs: tuple[Addr, ...]) -> None:
+    # What was attached to the mesh was built over the dead processes: an object that can follow the
+    # heal (the tensor engine's client: ``follow_heal(reports, addrs)``) is told, before the replacements
+    # join its actors; any other is closed, and made anew on its next use.
     node = rt.owners.get(key)
     if node is None:
         return
     for child in list(node.children):
         if child.kind is Kind.ATTACHED:
-            child.start_close("the process mesh was healed")
+            follow = getattr(child.payload, "follow_heal", None)
+            if follow is not None:
+                follow(reports, addrs)
+            else:
+                child.start_close("the process mesh was healed")
 
 
 def _remake(rt: Any, key: Any, owned: Owned, moved: dict[Addr, Addr]) -> Future[None] | None:

@@ -41,12 +41,18 @@ class Plan(NamedTuple):
 
 
 class Shrunk(NamedTuple):
-    """The new process mesh of a shrink: its key, shape, processes and hosts."""
+    """The new process mesh of a shrink: its key, shape, processes and hosts; what follows it.
+
+    ``followers``: each attached object that goes on with the survivors,
+    by name, as the function that moves it to the new mesh, given the old
+    and the new ``ProcMesh`` (the tensor engine's client: ``follow_shrink``).
+    """
 
     key: Any
     shape: Shape
     addrs: tuple[Addr, ...]
     hosts: tuple[str, ...]
+    followers: tuple[tuple[str, Any], ...] = ()
 
 
 def plan(labels: tuple[str, ...], sizes: tuple[int, ...], dead: set[int]) -> Plan:
@@ -82,8 +88,9 @@ def plan(labels: tuple[str, ...], sizes: tuple[int, ...], dead: set[int]) -> Pla
 def shrink(key: Any, shape: Shape, addrs: tuple[Addr, ...], hosts: tuple[str, ...], what: str) -> Shrunk:
     """Hand the live processes of the owned process mesh ``key`` (dense ``shape``, named ``what``) to a new mesh.
 
-    What was attached to the old mesh (the tensor engine's client) is
-    closed, the old mesh leaves the ownership tree (its processes are not
+    What was attached to the old mesh is closed, but for what follows a
+    shrink (``follow_shrink``: the tensor engine's client), which is handed
+    on in ``Shrunk.followers``; the old mesh leaves the ownership tree (its processes are not
     stopped), the dead processes are given back (the role forgets them),
     and every actor mesh of this process on the old mesh follows the new
     coordinates (:func:`follow`).
@@ -101,7 +108,13 @@ def shrink(key: Any, shape: Shape, addrs: tuple[Addr, ...], hosts: tuple[str, ..
             "create new processes with spawn_procs()"
         )
     node = rt.owners.take(key)
+    followers: list[tuple[str, Any]] = []
     if node is not None:
+        for child in list(node.children):
+            told: Any = getattr(child.payload, "follow_shrink", None) if child.kind is Kind.ATTACHED else None
+            if told is not None:  # told before its actors follow; not closed
+                rt.owners.forget(child)
+                followers.append((child.name, told(p.survivors)))
         for error in node.close("the process mesh was shrunk", settings.cleanup_timeout, itself=False):
             warn(f"closing what {node.name} owns: {error}")
     on_mesh = set(addrs)
@@ -113,7 +126,7 @@ def shrink(key: Any, shape: Shape, addrs: tuple[Addr, ...], hosts: tuple[str, ..
     new_shape = Shape.row_major(p.labels, p.sizes)
     journal.event("shrink", f"{what} shrunk to {new_shape} ({len(lost)} dead process(es) given up)", key=key)
     return Shrunk(rt.new_id(), new_shape, tuple(addrs[r] for r in p.survivors),
-                  tuple(hosts[r] for r in p.survivors))
+                  tuple(hosts[r] for r in p.survivors), tuple(followers))
 
 
 def follow(owned: Any, dead: dict[Addr, str]) -> None:

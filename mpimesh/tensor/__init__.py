@@ -4,11 +4,13 @@ Inside ``with procs.activate():`` torch calls run on every process of
 ``procs``, each over its own local tensors, and return :class:`Tensor`
 handles at once; ``fetch_shard`` brings a value back; ``reduce`` runs MPI
 collectives over mesh dimensions; autograd and optimizers work through the
-handles.  Importing this package imports torch; ``import mpimesh`` does not
+handles; after ``procs.heal()``, ``broadcast_`` copies replicated tensors from a
+survivor to the replacements.  Importing this package imports torch; ``import mpimesh`` does not
 (its tensor names load this package on first use, and ``ProcMesh`` reaches
 it through ``activate``, ``rank_tensor`` and ``rank_tensors`` only).
 """
 
+from ._broadcast import broadcast_ as broadcast_
 from ._distribute import Replicate as Replicate
 from ._distribute import Shard as Shard
 from ._distribute import distribute as distribute
@@ -37,6 +39,7 @@ __all__ = [
     "Shard",
     "Tensor",
     "activate",
+    "broadcast_",
     "distribute",
     "fetch_shard",
     "gather",

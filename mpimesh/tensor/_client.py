@@ -6,6 +6,13 @@ script asks for a value (``fetch_shard``), when it leaves ``activate()``, or
 when the next command targets another view.  The controller never waits for
 a worker to issue a command: what it needs to know (shapes, dtypes) it
 computes itself (:mod:`._handle`).
+
+The client follows its mesh through a heal and a shrink (``follow_heal``,
+``follow_shrink``: ``ProcMesh.heal`` and ``ProcMesh.shrink`` call them, see
+docs/design/tensor.md, "Heal and shrink"): the engine actors of the
+survivors keep their tensors, reductions get communicators over the new
+members, and a tensor used on a process that lost it raises at the
+controller (:meth:`MeshClient.check_use`).
 """
 
 from __future__ import annotations
@@ -13,18 +20,21 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..config import settings
 from ..errors import SupervisionError
 from ..shape import Shape
-from ._commands import DEL, REDUCE
+from ._commands import DEL, INDEX, REDUCE
 
 if TYPE_CHECKING:
     from ..actor_mesh import ActorMesh
     from ._mesh import ProcMesh
 
 Addr = tuple[int, int]
+#: a reduction group of each process, by base index: its members, the ports to join them, the tag to make it by
+Groups = dict[int, tuple[tuple[Addr, ...], tuple[str, ...], str]]
 
 __all__ = ["MeshClient", "client_of", "next_id"]
 
@@ -56,7 +66,16 @@ class MeshClient:
         self._watched: dict[int, tuple[weakref.ref[Any], int]] = {}  # id(ref) -> (ref, tensor id)
         self._on_collect = self._collected
         self._groups: dict[tuple[Shape, tuple[str, ...]], int] = {}
+        self._keys = itertools.count(1)  # group keys: never reused, the workers cache groups by key
         self._lock = threading.RLock()
+        self.mesh_id = procs.mesh_id
+        #: a heal or shrink happened: every use of a tensor is checked (:meth:`check_use`)
+        self.changed = False
+        #: bumped by each heal: what was sent once per client (remote functions) is sent again
+        self.epoch = 0
+        # base index -> (the first tensor id made after its process was replaced, the death's report)
+        self._lost: dict[int, tuple[int, str]] = {}
+        self._restored: dict[int, set[int]] = {}  # base index -> tensor ids copied there since (broadcast_)
 
     def view(self, shape: Shape) -> ActorMesh[Any]:
         """The engine actors of the processes of ``shape`` (the ``view_shape`` of a view of this mesh)."""
@@ -122,6 +141,10 @@ class MeshClient:
         """
         dead = procs.dead()
         if dead:
+            # A view taken before a heal still names the dead processes; the client knows their replacements.
+            ranks, addrs = procs.view_shape.ranks(), procs.addresses
+            dead = {r: c for r, c in dead.items() if addrs[r] == self.addrs[ranks[r]]}
+        if dead:
             cause = dead[min(dead)]  # the first in rank order, as a walk of the ranks finds it
             raise SupervisionError(f"tensor engine: cannot reduce over {dims}: {cause}", endpoint="reduce")
 
@@ -135,23 +158,33 @@ class MeshClient:
         communicator the first time: its first process opens the ports for
         that, which this call waits for (once per mesh view and dims).
         """
+        key, groups = self.group(procs, dims)
+        return (REDUCE, in_ids, out_ids, reduction, scatter, key, groups, site)
+
+    def group(self, procs: ProcMesh, dims: tuple[str, ...]) -> tuple[int, Groups | None]:
+        """The key of the groups over ``dims`` of ``procs``, and the groups if they are new (they travel once).
+
+        Raises:
+            SupervisionError: a process of ``procs`` is dead.
+        """
         self.check_alive(procs, dims)
         shape = procs.view_shape
         key = self._groups.get((shape, dims))
-        groups: dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]] | None = None
+        groups: Groups | None = None
         if key is None:
-            groups = self._make_groups(shape, dims)
-            key = self._groups[(shape, dims)] = len(self._groups) + 1
-        return (REDUCE, in_ids, out_ids, reduction, scatter, key, groups, site)
+            key = next(self._keys)
+            groups = self._make_groups(shape, dims, key)
+            self._groups[(shape, dims)] = key
+        return key, groups
 
-    def _make_groups(self, shape: Shape, dims: tuple[str, ...]) -> dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]]:
+    def _make_groups(self, shape: Shape, dims: tuple[str, ...], key: int) -> Groups:
         labels = shape.labels
         others = [label for label in labels if label not in dims]
         members: dict[tuple[int, ...], list[int]] = {}
         for rank, base in enumerate(shape.ranks()):
             coords = shape.coordinates(rank)
             members.setdefault(tuple(coords[o] for o in others), []).append(base)
-        groups: dict[int, tuple[tuple[Addr, ...], tuple[str, ...]]] = {}
+        groups: Groups = {}
         for bases in members.values():
             addrs = tuple(self.addrs[b] for b in bases)
             islands = len({island for island, _ in addrs})
@@ -160,9 +193,112 @@ class MeshClient:
                 self.flush()
                 leader = self.engine.slice(rank=bases[0])
                 ports = tuple(leader.open_ports.call_one(islands - 1).get(settings.spawn_timeout))
+            # Once the mesh healed or shrank a process of the job is dead: the workers make the
+            # communicator from the group alone (_collectives.Communicators.get).
+            tag = f"mpimesh.tensor:{self.mesh_id}:{key}:{bases[0]}" if self.changed else ""
             for b in bases:
-                groups[b] = (addrs, ports)
+                groups[b] = (addrs, ports, tag)
         return groups
+
+
+    # --- heal and shrink
+
+    def follow_heal(self, reports: dict[int, str], addrs: tuple[Addr, ...]) -> None:
+        """The mesh was healed: the processes at base indices ``reports`` (each death's report) now live at ``addrs``.
+
+        Called by ``ProcMesh.heal`` before the replacements join the engine's
+        actor mesh (what is queued goes to the survivors first).  The engine
+        actor on each replacement is made anew (an empty table): every tensor
+        made before now is lost there until :func:`~._broadcast.broadcast_`
+        copies it from a survivor; reductions get communicators over the new
+        members.
+        """
+        with self._lock:
+            self._flush_locked()
+            mark = next_id()
+            for base, report in reports.items():
+                self._lost[base] = (mark, report)
+                self._restored[base] = set()
+            self.addrs = tuple(addrs)
+            self._groups.clear()
+            self.epoch += 1
+            self.changed = True
+
+    def follow_shrink(self, survivors: tuple[int, ...]) -> Callable[[ProcMesh, ProcMesh], MeshClient]:
+        """The mesh shrinks to the base indices ``survivors``; returns how to move to the new mesh object.
+
+        Called by ``ProcMesh.shrink`` before the engine's actor mesh follows
+        (what is queued goes out first).  ``ProcMesh.shrink`` then calls the
+        returned function with the old and the new mesh: the client is
+        attached to the new one, and every tensor handle made on the old
+        mesh itself (not on a slice of it) now belongs to the new one, with
+        its local tensors on the survivors.
+        """
+        with self._lock:
+            self._flush_locked()
+
+        def adopt(old: ProcMesh, new: ProcMesh) -> MeshClient:
+            with self._lock:
+                where = {b: i for i, b in enumerate(survivors)}
+                self._lost = {where[b]: v for b, v in self._lost.items() if b in where}
+                self._restored = {where[b]: v for b, v in self._restored.items() if b in where}
+                self.base = new.base_mesh()
+                self.addrs = tuple(self.base.addresses)
+                self.mesh_id = new.mesh_id
+                self._views.clear()
+                self._groups.clear()
+                self.changed = True
+                for ref, _ in list(self._watched.values()):
+                    handle = ref()
+                    if handle is not None and handle.__dict__.get("_procs") is old:
+                        handle.__dict__["_procs"] = new
+                # The survivors are numbered anew: each engine actor learns its index before any command.
+                self.issue(self.base.view_shape, (INDEX, {addr: i for i, addr in enumerate(self.addrs)}))
+            return self
+
+        return adopt
+
+    def check_use(self, procs: ProcMesh, tensors: Iterable[Any], what: str, at: int | None = None) -> None:
+        """Raise if ``tensors`` (of view ``procs``) cannot be used there since a heal or shrink.
+
+        ``at``: check only rank ``at`` of the view (a fetch).  Only called
+        once :attr:`changed` is set, so the common path pays one test.
+
+        Raises:
+            ValueError: the view was taken before the mesh shrank.
+            SupervisionError: a tensor lost its value on a replaced process.
+        """
+        if procs.mesh_id != self.mesh_id:
+            raise ValueError(
+                f"tensor engine: {what} on {procs!r}, a view taken before its mesh shrank (ProcMesh.shrink()); "
+                "tensors of the mesh itself moved to the shrunk mesh, views did not: take the view again "
+                "from the shrunk mesh (procs.slice(...), t.slice_mesh(...))"
+            )
+        if not self._lost:
+            return
+        ranks = procs.view_shape.ranks()
+        for rank, base in enumerate(ranks):
+            lost = self._lost.get(base)
+            if lost is None or (at is not None and rank != at):
+                continue
+            mark, report = lost
+            restored = self._restored[base]
+            for t in tensors:
+                if t._id < mark and t._id not in restored:
+                    coords = ", ".join(f"{k}={v}" for k, v in procs.view_shape.coordinates(rank).items())
+                    raise SupervisionError(
+                        f"tensor engine: {what}: {t!r} has no value on rank {rank} ({coords}), which replaced a "
+                        f"dead process when the mesh was healed ({report}); copy it there from a survivor "
+                        "first: mpimesh.tensor.broadcast_(t), or make it again", endpoint=what)
+
+    def restored(self, procs: ProcMesh, ids: Iterable[int]) -> None:
+        """``broadcast_`` copied tensors ``ids`` to every process of ``procs``: they are whole again."""
+        if not self._lost:
+            return
+        ids = list(ids)
+        for base in procs.view_shape.ranks():
+            if base in self._lost:
+                self._restored[base].update(ids)
 
 
 def client_of(procs: ProcMesh) -> MeshClient:

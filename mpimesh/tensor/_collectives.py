@@ -20,7 +20,7 @@ from .._data.buffers import cuda_support
 from .._transport.mpi import MPI
 from ..rma import empty_fast
 
-__all__ = ["Communicators", "reduce"]
+__all__ = ["Communicators", "broadcast", "reduce"]
 
 _OPS: dict[str, Any] = {
     "sum": MPI.SUM, "avg": MPI.SUM, "product": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN,
@@ -52,7 +52,7 @@ class Communicators:
         self._ports.extend(ports)
         return ports
 
-    def get(self, members: tuple[Addr, ...], ports: tuple[str, ...] = ()) -> MPI.Intracomm:
+    def get(self, members: tuple[Addr, ...], ports: tuple[str, ...] = (), tag: str = "") -> MPI.Intracomm:
         """The communicator of ``members`` in their order; collective over them on first use.
 
         Members in one MPI world share a communicator made with
@@ -62,25 +62,33 @@ class Communicators:
         first member opened, one port per further island), the next island's
         members connect, and the two sides merge; a final split puts the
         ranks in group order.
+
+        ``tag`` (not empty once a process of the job has died): each
+        island's part is made with ``MPI_Comm_create_from_group`` under that
+        tag instead, which involves the members only; under ULFM
+        ``MPI_Comm_create_group`` fails with ``MPI_ERR_PROC_FAILED`` once
+        the world holds a dead process, even for a group without it.
         """
         comm = self._comms.get(members)
         if comm is None:
-            comm = self._comms[members] = self._make(members, ports)
+            comm = self._comms[members] = self._make(members, ports, tag)
         return comm
 
-    def _island_comm(self, island: int, members: tuple[Addr, ...]) -> MPI.Intracomm:
+    def _island_comm(self, island: int, members: tuple[Addr, ...], tag: str = "") -> MPI.Intracomm:
         ranks = [r for i, r in members if i == island]
         world = MPI.COMM_WORLD
         group = world.Get_group().Incl(ranks)
         try:
+            if tag:
+                return MPI.Intracomm.Create_from_group(group, f"{tag}:{island}")
             return world.Create_group(group, tag=7713)
         finally:
             group.Free()
 
-    def _make(self, members: tuple[Addr, ...], ports: tuple[str, ...]) -> MPI.Intracomm:
+    def _make(self, members: tuple[Addr, ...], ports: tuple[str, ...], tag: str = "") -> MPI.Intracomm:
         islands = list(dict.fromkeys(i for i, _ in members))
         mine = islands.index(self.me[0])
-        local = self._island_comm(self.me[0], members)
+        local = self._island_comm(self.me[0], members, tag)
         if len(islands) == 1:
             return local
         if len(ports) != len(islands) - 1:
@@ -117,7 +125,10 @@ class Communicators:
         """Free every communicator and close unused ports (the engine is stopping)."""
         for comm in self._comms.values():
             if comm != MPI.COMM_NULL:
-                comm.Free()
+                try:
+                    comm.Free()
+                except MPI.Exception:  # a member died (the mesh was healed or shrunk since): nothing to free with
+                    pass
         self._comms.clear()
         for port in self._ports:
             MPI.Close_port(port)
@@ -372,3 +383,16 @@ def reduce_many(comm: MPI.Intracomm, tensors: list[torch.Tensor], reduction: str
         else:
             results.append(piece.to(t.device))
     return results
+
+
+def broadcast(comm: MPI.Intracomm, t: torch.Tensor, root: int, staging: Staging | None = None) -> None:
+    """Give ``t`` on every process of ``comm`` the value it has on ``root`` (``MPI_Bcast``, in place)."""
+    src, staged = _host(t, staging)
+    try:
+        comm.Bcast(_buf(src), root=root)
+        if src.data_ptr() != t.data_ptr():
+            with torch.no_grad():
+                t.copy_(src)
+    finally:
+        if staged and staging is not None:
+            staging.give(src)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OP", "OPF", "REMOTE", "DEL", "REDUCE", "RANK", "PUT", "Ref", "Poison"]
+__all__ = ["OP", "OPF", "REMOTE", "DEL", "REDUCE", "RANK", "PUT", "BCAST", "INDEX", "Ref", "Poison"]
 
 #: ("op", "aten::add.Tensor", args, kwargs, out_ids, site): run an operator.
 OP = "op"
@@ -29,6 +29,11 @@ REDUCE = "reduce"
 RANK = "rank"
 #: ("put", out_id, tensor, site): a tensor sent to one process (distribute).
 PUT = "put"
+#: ("bcast", ids, metas, comm_key, groups_or_None, root_or_None, site): copy tensors from one process of each
+#: group to the others (``broadcast_``); ``metas[i]`` is (shape, dtype, device) for the processes that lack one.
+BCAST = "bcast"
+#: ("index", {address: base index}): the mesh shrank, so its processes are numbered anew.
+INDEX = "index"
 
 
 class Ref:

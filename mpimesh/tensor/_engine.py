@@ -24,7 +24,7 @@ from ..context import context, current_rank
 from ..errors import RemoteTensorError
 from ..shape import Shape
 from . import _collectives
-from ._commands import DEL, OP, OPF, PUT, RANK, REDUCE, REMOTE, Poison, Ref
+from ._commands import BCAST, DEL, INDEX, OP, OPF, PUT, RANK, REDUCE, REMOTE, Poison, Ref
 
 __all__ = ["Engine", "resolve_op"]
 
@@ -65,7 +65,7 @@ class Engine(Actor):
         self.spares = _collectives.Spares()
         self.staging = _collectives.Staging()  # page-locked buffers for CUDA tensors a CUDA-unaware MPI reduces
         # reduction groups by the controller's key: this process's group (members' addresses, ports to join them)
-        self.groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...]]] = {}
+        self.groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...], str]] = {}
 
     # --- reading arguments
 
@@ -115,6 +115,10 @@ class Engine(Actor):
                 self._rank(*command[1:])
             elif kind == PUT:
                 self.table[command[1]] = command[2]
+            elif kind == BCAST:
+                self._bcast(*command[1:])
+            elif kind == INDEX:
+                self.index = command[1][self.comms.me]
 
     def _opf(self, name: str, args: tuple[Any, ...], refs: tuple[int, ...], kwargs: dict[str, Any] | None,
              outs: tuple[int | None, ...], site: str) -> None:
@@ -181,11 +185,16 @@ class Engine(Actor):
         return torch.tensor(shape.coordinates(rank)[dim])
 
     def _reduce(self, in_ids: tuple[int, ...], out_ids: tuple[int, ...], reduction: str, scatter: bool, key: int,
-                groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...]]] | None, site: str) -> None:
+                groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...], str]] | None, site: str) -> None:
         what = f"reduce({reduction!r})"
-        if groups is not None:
-            self.groups[key] = groups[self.index]
-        comm = self.comms.get(*self.groups[key])
+        try:
+            comm = self._group(key, groups)
+        except Exception as exc:  # the communicator could not be made (MPI): the result says why
+            self._failed(out_ids, what, site, exc)
+            return
+        if comm is None:
+            self._poison(out_ids, Poison(what, site, _NO_GROUP, ""))
+            return
         values = [self.table.get(i) for i in in_ids]
         bad: Poison | None = next((v for v in values if isinstance(v, Poison)), None)
         if bad is None and any(v is None for v in values):
@@ -221,6 +230,52 @@ class Engine(Actor):
             formatted = "".join(traceback.format_exception(exc))
             for out in out_ids:
                 self.table[out] = Poison(what, site, f"{type(exc).__name__}: {exc}", formatted)
+
+    def _group(self, key: int, groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...], str]] | None,
+               ) -> Any:
+        # This process's communicator of group ``key``; None when this process never heard of the group:
+        # it replaced a dead process after the command was queued (its peers' collective fails, not hangs:
+        # the group held the dead process).
+        if groups is not None:
+            self.groups[key] = groups[self.index]
+        group = self.groups.get(key)
+        return None if group is None else self.comms.get(*group)
+
+    def _bcast(self, ids: tuple[int, ...], metas: tuple[tuple[tuple[int, ...], torch.dtype, str], ...], key: int,
+               groups: dict[int, tuple[tuple[tuple[int, int], ...], tuple[str, ...], str]] | None, root: int | None,
+               site: str) -> None:
+        # broadcast_: the processes that hold every tensor with the controller's shape and dtype say so;
+        # the chosen one (``root``, or the first holder) sends, the others receive, into their own
+        # tensor or a new one (a process that replaced a dead one has none).
+        what = "broadcast_"
+        try:
+            comm = self._group(key, groups)
+        except Exception as exc:
+            self._failed(ids, what, site, exc)
+            return
+        if comm is None:
+            self._poison(ids, Poison(what, site, _NO_GROUP, ""))
+            return
+        values = [self.table.get(i) for i in ids]
+        have = all(isinstance(v, torch.Tensor) and tuple(v.shape) == shape and v.dtype == dtype
+                   for v, (shape, dtype, _) in zip(values, metas, strict=True))
+        everyone = comm.allgather(have)
+        if root is None:
+            root = next((r for r, h in enumerate(everyone) if h), None)
+        if root is None or not everyone[root]:
+            error = ("no process of the group holds the tensor to copy (with its shape and dtype)" if root is None
+                     else f"process {root} of the group, the source, does not hold the tensor (with its shape "
+                          "and dtype)")
+            self._poison(ids, Poison(what, site, f"ValueError: {error}", ""))
+            return
+        me = comm.Get_rank()
+        try:
+            for i, value, (shape, dtype, device) in zip(ids, values, metas, strict=True):
+                if me != root and not (have and isinstance(value, torch.Tensor)):
+                    value = self.table[i] = torch.empty(shape, dtype=dtype, device=device)
+                _collectives.broadcast(comm, cast(torch.Tensor, value), root, self.staging)
+        except Exception as exc:
+            self._failed(ids, what, site, exc)
 
     @endpoint
     def open_ports(self, count: int) -> list[str]:
@@ -261,6 +316,10 @@ class Engine(Actor):
     def __cleanup__(self, exc: BaseException | None) -> None:
         self.table.clear()
         self.comms.free()
+
+
+_NO_GROUP = ("SupervisionError: this process replaced a dead one after the collective was issued; "
+             "issue it again")
 
 
 class _Formatted(Exception):

@@ -45,9 +45,15 @@ def fetch_shard(t: Any, shard: dict[str, int] | None = None, **coords: int) -> F
         if label not in shape.labels:
             raise ValueError(f"fetch_shard: {t._procs!r} has no dimension {label!r}; its dimensions are "
                              f"{list(shape.labels)}")
-    client = client_of(t._procs)
+    client = t._client
+    point = {label: where.get(label, 0) for label in shape.labels}
+    if client.changed:  # the mesh was healed or shrunk: the value there may be lost
+        rank = 0
+        for label, size in zip(shape.labels, shape.sizes, strict=True):
+            rank = rank * size + point[label]
+        client.check_use(t._procs, [t], "fetch_shard", at=rank)
     client.flush()
-    view = client.view(shape).slice(**{label: where.get(label, 0) for label in shape.labels})
+    view = client.view(shape).slice(**point)
     inner: Future[torch.Tensor] = view.fetch.call_one(t._id)
     outer: Future[torch.Tensor] = Future(f"fetch_shard({t!r})")
 

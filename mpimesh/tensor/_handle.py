@@ -287,6 +287,11 @@ def _makes_tensors(func: Any) -> bool:
     return known
 
 
+def _on_meta(kwargs: dict[str, Any]) -> bool:
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == "meta"
+
+
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: ProcMesh | None) -> Any:
     """Run ``func`` on mesh tensors: compute the result's metadata here, queue the operation for the mesh."""
     # This runs for every torch operation on a mesh tensor, so it is written for the common case
@@ -326,8 +331,9 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
         else:
             parts.append((type(leaf), leaf))
     if first is None:
-        if active is None or not _makes_tensors(func):
-            # no mesh tensor in, no tensor out (e.g. the profiler's record_function): a local call
+        if active is None or not _makes_tensors(func) or _on_meta(kwargs):
+            # no mesh tensor in, no tensor out (e.g. the profiler's record_function), or a meta tensor
+            # (the controller's own shape computations inside activate()): a local call
             return func(*args, **kwargs)
         procs = active
         client = client_of(procs)
@@ -339,6 +345,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
                 f"tensor engine: {func} on a tensor of {procs!r} inside {active!r}.activate(); "
                 "activate the tensor's own mesh, or leave the active one"
             )
+    if client.changed:  # the mesh was healed or shrunk: a tensor may be lost, or a view stale
+        client.check_use(procs, [leaf for leaf in leaves if isinstance(leaf, Tensor)], str(func))
     if hint is not None:
         raise RuntimeError(
             f"tensor engine: {hint} needs the value of a mesh tensor, which lives on the workers; "

@@ -7,10 +7,10 @@ from typing import Any, cast
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ._client import client_of
+from ._client import MeshClient
 from ._handle import Tensor, mesh_tensor, site
 
-__all__ = ["REDUCTIONS", "reduce", "reduce_"]
+__all__ = ["REDUCTIONS", "client_for", "reduce", "reduce_"]
 
 REDUCTIONS = ("sum", "avg", "product", "min", "max", "stack", "band", "bor", "bxor")
 
@@ -80,6 +80,15 @@ def _prepare(t: Any, dims: Any, reduction: str, scatter: bool, mesh: Any) -> tup
     return t, names, n
 
 
+def client_for(tensors: list[Tensor], what: str) -> MeshClient:
+    """The client of ``tensors`` (of one view), checked for use since a heal or shrink."""
+    first = tensors[0]
+    client = first._client
+    if client.changed:
+        client.check_use(first._procs, tensors, what)
+    return client
+
+
 def _many(obj: Any, dims: Any, reduction: str, mesh: Any) -> tuple[list[Tensor], Any, tuple[str, ...]]:
     """The mesh tensors of a pytree (all of one mesh and dtype), its spec, and the dimensions."""
     leaves, spec = tree_flatten(obj)
@@ -129,7 +138,7 @@ def reduce(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, 
             raise ValueError("tensor engine: scatter=True takes one tensor, not a pytree")
         leaves, spec, names = _many(t, dims, reduction, mesh)
         first = leaves[0]
-        client = client_of(first._procs)
+        client = client_for(leaves, "reduce")
         results = [mesh_tensor(torch.empty_like(leaf._meta, device="meta"), first._procs, client, leaf.device)
                    for leaf in leaves]
         client.issue(first._procs.view_shape, client.reduce_command(
@@ -144,7 +153,7 @@ def reduce(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False, 
         meta = torch.empty((meta.shape[0] // n, *meta.shape[1:]), dtype=meta.dtype, device="meta")
     else:
         meta = torch.empty_like(meta, device="meta")
-    client = client_of(t._procs)
+    client = client_for([t], "reduce")
     result = mesh_tensor(meta, t._procs, client, t.device)
     client.issue(t._procs.view_shape, client.reduce_command(
         t._procs, names, (t._id,), (result._id,), reduction, scatter, site()))
@@ -162,13 +171,13 @@ def reduce_(t: Any, dims: Any, reduction: str = "sum", *, scatter: bool = False,
     if not isinstance(t, Tensor) and isinstance(t, (list, tuple, dict)):
         leaves, _, names = _many(t, dims, reduction, mesh)
         first = leaves[0]
-        client = client_of(first._procs)
+        client = client_for(leaves, "reduce_")
         ids = tuple(x._id for x in leaves)
         client.issue(first._procs.view_shape, client.reduce_command(
             first._procs, names, ids, ids, reduction, False, site()))
         return t
     t, names, _ = _prepare(t, dims, reduction, scatter, mesh)
-    client = client_of(t._procs)
+    client = client_for([t], "reduce_")
     client.issue(t._procs.view_shape, client.reduce_command(
         t._procs, names, (t._id,), (t._id,), reduction, False, site()))
     return cast(Tensor, t)

@@ -87,9 +87,12 @@ class Remote:
                 out_ids.append(handle._id)
             else:
                 results.append(leaf)
-        first = client not in self._sent  # it travels pickled once per mesh
+        if client.changed:
+            client.check_use(procs, [leaf for leaf in leaves if isinstance(leaf, Tensor)], repr(self))
+        sent = (client, client.epoch)  # it travels pickled once per mesh, and again to a healed one
+        first = sent not in self._sent
         if first:
-            self._sent.add(client)
+            self._sent.add(sent)
         command = (REMOTE, self._key, self._fn if first else None, tree_map(unwrap, args), tree_map(unwrap, kwargs),
                    tuple(out_ids), site())
         client.issue(procs.view_shape, command)
