@@ -109,6 +109,7 @@ __all__ = [
     "as_endpoint",
     "attach",
     "attach_to_workers",
+    "broadcast_",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
@@ -148,7 +149,7 @@ __all__ = [
 
 #: The tensor engine's names (mpimesh.tensor): they import torch, so they load on first use.
 _TENSOR = (
-    "DTensor", "Partial", "Remote", "Replicate", "Shard", "Tensor", "distribute", "fetch_shard", "gather",
+    "DTensor", "Partial", "Remote", "Replicate", "Shard", "Tensor", "broadcast_", "distribute", "fetch_shard", "gather",
     "get_active_mesh", "inspect", "module_to_mesh", "no_mesh", "reduce", "reduce_", "remote",
 )
 

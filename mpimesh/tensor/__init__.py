@@ -57,7 +57,7 @@ __all__ = [
 
 #: The names ``mpimesh`` re-exports (its ``_TENSOR``): they report module ``mpimesh``, as its own do.
 _REEXPORTED = (
-    "DTensor", "Partial", "Remote", "Replicate", "Shard", "Tensor", "distribute", "fetch_shard", "gather",
+    "DTensor", "Partial", "Remote", "Replicate", "Shard", "Tensor", "broadcast_", "distribute", "fetch_shard", "gather",
     "get_active_mesh", "inspect", "module_to_mesh", "no_mesh", "reduce", "reduce_", "remote",
 )
 
