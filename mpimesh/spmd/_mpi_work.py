@@ -198,8 +198,10 @@ class Progress:
                     continue
                 value = work.finish()
             except Exception as exc:  # an MPI error (a failed peer under ULFM), or the finish's own
-                self._break(f"{work.name} failed: {exc}")
-                work.fail(dist.DistBackendError(f"mpimesh backend: {work.name} on {self._describe} failed: {exc}"))
+                dead = self._dead()
+                why = f"rank {min(dead)} of the group died ({dead[min(dead)]})" if dead else str(exc)
+                self._break(f"{work.name} failed: {why}")
+                work.fail(dist.DistBackendError(f"mpimesh backend: {work.name} on {self._describe} failed: {why}"))
                 finished.append(work)
                 continue
             work.complete(value)
