@@ -11,7 +11,7 @@ from typing import Any
 from ..actor import Actor, endpoint
 from ..context import context
 from ..errors import MeshInternalError
-from . import _address
+from . import _address, _mpi_world
 
 __all__ = ["SPMDActor", "world_env"]
 
@@ -79,6 +79,7 @@ class SPMDActor(Actor):
             raise MeshInternalError("internal error in mpimesh - please file a bug (SPMDActor has no proc_mesh)")
         # the hosts of the spawn mesh's processes, in its rank order
         self._env = world_env(mesh.hostnames, me.rank.rank)
+        self._mesh, self._rank = mesh, me.rank.rank
         self._probe: _address.Probe | None = None
 
     @endpoint
@@ -97,20 +98,27 @@ class SPMDActor(Actor):
         return _address.host_address(_address.check_family(use_ipaddr)), _address.free_port()
 
     @endpoint
-    def setup_env(self, master_addr: str, master_port: int) -> None:
+    def setup_env(self, master_addr: str, master_port: int, backend: str | None = None) -> None:
         """Set ``RANK``, ``WORLD_SIZE``, ... and ``MASTER_ADDR``/``MASTER_PORT`` in this process's environment.
 
         Afterwards ``torch.distributed.init_process_group(backend)`` (``init_method="env://"``,
-        the default) joins the world.
+        the default) joins the world.  ``backend="mpimesh"`` also registers
+        the MPI backend here and makes ``default_backend()`` give it.
 
         Raises:
             TypeError, ValueError: ``master_addr`` is not a non-empty str, or ``master_port`` not a port number.
         """
-        self._set_env(master_addr, master_port)
+        self._set_env(master_addr, master_port, backend)
 
-    def _set_env(self, master_addr: str, master_port: int) -> None:
+    def _set_env(self, master_addr: str, master_port: int, backend: str | None = None) -> None:
         _check_master(master_addr, master_port)
         os.environ.update(self._env, MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        # the world's processes: the MPI backend watches them while a collective waits
+        _mpi_world.remember(self._mesh, self._rank, backend)
+        if backend == "mpimesh":
+            from ._mpi_entry import register_mpi_backend
+
+            register_mpi_backend()
 
     @endpoint
     def main(self, master_addr: str, master_port: int, script_args: list[str]) -> bool:

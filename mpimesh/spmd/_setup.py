@@ -9,6 +9,7 @@ from ..proc_mesh import ProcMesh
 from ..value_mesh import ValueMesh
 from ._actor import SPMDActor, _check_master
 from ._address import check_family
+from ._mpi_world import backend_choice
 
 __all__ = ["default_backend", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
 
@@ -20,12 +21,17 @@ LOOPBACK = "127.0.0.1"
 
 
 def default_backend() -> str:
-    """``"nccl"`` where CUDA is available in this process, else ``"gloo"``.
+    """``"nccl"`` where CUDA is available in this process, else ``"gloo"``; or the backend the world was set up with.
 
     ``torch.distributed.init_process_group()`` with no backend picks the same
     per device (gloo for CPU tensors, nccl for CUDA ones); name it when one
-    backend must serve both.  Imports torch.
+    backend must serve both.  On a process that
+    ``setup_torch_elastic_env(procs, backend="mpimesh")`` set up, it is
+    ``"mpimesh"`` (collectives on MPI).  Imports torch.
     """
+    chosen = backend_choice()
+    if chosen is not None:
+        return chosen
     import torch
 
     return "nccl" if torch.cuda.is_available() else "gloo"
@@ -72,6 +78,8 @@ def setup_torch_elastic_env(
     master_addr: str | None = None,
     master_port: int | None = None,
     use_ipaddr: Any = None,
+    *,
+    backend: str | None = None,
 ) -> None:
     """Make every process of ``proc_mesh`` a rank of one torch.distributed world, as ``torchrun`` would.
 
@@ -98,15 +106,23 @@ def setup_torch_elastic_env(
         master_port: None: a port free on rank 0's host.
         use_ipaddr: None, ``"ipv4"`` or ``"ipv6"``: give an address of that
             family rather than a name (on one host too).
+        backend: what :func:`default_backend` gives on those processes:
+            None (nccl or gloo by device), or a backend's name; ``"mpimesh"``
+            also registers the MPI backend there, so that
+            ``init_process_group("mpimesh")`` runs the world's collectives
+            on MPI communicators of the mesh's processes (see
+            :func:`init_mpi_process_group`).
 
     Raises:
-        TypeError: ``proc_mesh`` is not a ProcMesh, or ``master_addr`` is not a str.
+        TypeError: ``proc_mesh`` is not a ProcMesh, ``master_addr`` or ``backend`` is not a str.
         ValueError: ``master_port`` or ``use_ipaddr`` is out of range.
         RuntimeError: ``proc_mesh`` was stopped, or no address of rank 0's
             host is reachable from every host.
     """
     mesh = _check_mesh(proc_mesh)
     family = check_family(use_ipaddr)
+    if backend is not None and (not isinstance(backend, str) or not backend):
+        raise TypeError(f"backend must be None or a backend's name, got {backend!r}; e.g. 'mpimesh' or 'gloo'")
     if master_addr is not None or master_port is not None:
         _check_master("x" if master_addr is None else master_addr, 1 if master_port is None else master_port)
     actors: Any = mesh.spawn("_SPMDActor", SPMDActor)
@@ -116,7 +132,7 @@ def setup_torch_elastic_env(
             master_addr = _master_addr(actors, first, mesh, family)
         if master_port is None:
             _, master_port = first.get_host_port.call_one(family).get(SETUP_TIMEOUT)
-        actors.setup_env.call(master_addr, master_port).get(SETUP_TIMEOUT)
+        actors.setup_env.call(master_addr, master_port, backend).get(SETUP_TIMEOUT)
     finally:
         actors.stop().get(SETUP_TIMEOUT)
 
@@ -126,9 +142,12 @@ async def setup_torch_elastic_env_async(
     master_addr: str | None = None,
     master_port: int | None = None,
     use_ipaddr: Any = None,
+    *,
+    backend: str | None = None,
 ) -> None:
     """:func:`setup_torch_elastic_env` for ``async`` code: the event loop runs on meanwhile.
 
     The setup runs in a worker thread of the loop; same arguments, same errors.
     """
-    await asyncio.to_thread(setup_torch_elastic_env, proc_mesh, master_addr, master_port, use_ipaddr)
+    await asyncio.to_thread(setup_torch_elastic_env, proc_mesh, master_addr, master_port, use_ipaddr,
+                            backend=backend)

@@ -1,0 +1,162 @@
+"""The MPI communicators under the ``"mpimesh"`` torch.distributed backend: who the world is, and joining it.
+
+``setup_torch_elastic_env`` tells each process of the mesh which process
+mesh its torch.distributed world is (:func:`remember`): the backend watches
+those processes while a collective waits (a dead one fails the collective
+at once instead of hanging it).  The world's communicator is made when the
+default process group is, from the rendezvous store torch gives every
+backend: each rank posts its MPI address (``(MPI world, rank)``); ranks of
+one MPI world (the launch pool, or one spawn) get a sub-communicator of
+``MPI_COMM_WORLD`` with ``MPI_Comm_create_group``, collective over the
+members only; worlds that differ (pool ranks and spawned islands) are joined
+island by island with ``MPI_Comm_accept``/``MPI_Comm_connect`` on ports the
+first rank opens and posts in the store, then merged.  Ranks of the result
+are torch's ranks.  This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, cast
+
+from .._transport.mpi import MPI, dynamic
+from ..proc_mesh import ProcMesh, this_proc
+
+__all__ = ["World", "backend_choice", "join", "remember", "subgroup", "world"]
+
+Addr = tuple[int, int]
+
+#: ``MPI_Comm_create_group`` tags: the world's communicator, and a sub-group's.
+_WORLD_TAG = 7801
+_GROUP_TAG = 7802
+
+
+class World:
+    """The process mesh of this process's torch.distributed world, and its backend choice.
+
+    Args:
+        mesh: the world's processes in rank order (``setup_torch_elastic_env``'s mesh).
+        rank: this process's rank in it.
+        backend: what :func:`mpimesh.spmd.default_backend` gives here
+            (None: nccl or gloo by device).
+    """
+
+    def __init__(self, mesh: ProcMesh, rank: int, backend: str | None) -> None:
+        self.mesh = mesh
+        self.rank = rank
+        self.backend = backend
+
+    def dead(self, ranks: list[int] | None = None) -> dict[int, str]:
+        """The world ranks among ``ranks`` (None: all) known dead here, each with the report of its death."""
+        dead = self.mesh.dead()
+        if not dead or ranks is None:
+            return dead
+        return {r: dead[r] for r in ranks if r in dead}
+
+
+_lock = threading.Lock()
+_world: list[World] = []  # at most one: the last world this process was set up for
+
+
+def remember(mesh: ProcMesh, rank: int, backend: str | None) -> None:
+    """This process is rank ``rank`` of the world ``mesh`` (``setup_torch_elastic_env`` calls it)."""
+    with _lock:
+        _world[:] = [World(mesh, rank, backend)]
+
+
+def world() -> World | None:
+    """The world this process was last set up for, or None."""
+    with _lock:
+        return _world[0] if _world else None
+
+
+def backend_choice() -> str | None:
+    """The backend ``setup_torch_elastic_env(backend=...)`` chose for this process's world, or None."""
+    w = world()
+    return None if w is None else w.backend
+
+
+# --- making the communicators
+
+
+def _island_comm(island: int, addrs: list[Addr]) -> MPI.Intracomm:
+    """The members of ``addrs`` in this MPI world, in their order: collective over them only."""
+    comm = MPI.COMM_WORLD
+    group = comm.Get_group().Incl([r for i, r in addrs if i == island])
+    try:
+        return comm.Create_group(group, tag=_WORLD_TAG)
+    finally:
+        group.Free()
+
+
+def join(store: Any, rank: int, size: int, timeout_s: float) -> MPI.Intracomm:
+    """The communicator of the world's ``size`` processes, rank ``rank`` here; collective over them.
+
+    ``store`` is the group's rendezvous store (keys under ``mpimesh/``).
+
+    Raises:
+        RuntimeError: this process is not an mpimesh process, or the store
+            gave no address of a rank within its timeout.
+    """
+    me = cast(Addr, tuple(this_proc().addresses[0]))
+    store.set(f"mpimesh/addr/{rank}", f"{me[0]} {me[1]}")
+    addrs: list[Addr] = []
+    for r in range(size):
+        island, mpi_rank = store.get(f"mpimesh/addr/{r}").decode().split()
+        addrs.append((int(island), int(mpi_rank)))
+    if len(set(addrs)) != size:
+        raise RuntimeError(f"mpimesh backend: two ranks of the world are one MPI process ({addrs}); "
+                           "give each rank its own process")
+    islands = list(dict.fromkeys(i for i, _ in addrs))
+    local = _island_comm(me[0], addrs)
+    if len(islands) == 1:
+        return local
+    return _join_islands(store, rank, addrs, islands, local)
+
+
+def _join_islands(store: Any, rank: int, addrs: list[Addr], islands: list[int],
+                  local: MPI.Intracomm) -> MPI.Intracomm:
+    # The first island accepts each further island in turn on a port of its own, the
+    # joined part growing by one island at every step; the last Split orders by torch rank.
+    mine = islands.index(addrs[rank][0])
+    if rank == 0:
+        ports = [MPI.Open_port() for _ in islands[1:]]
+        store.set("mpimesh/ports", "\n".join(ports))
+    else:
+        ports = store.get("mpimesh/ports").decode().split("\n")
+    joined: MPI.Intracomm | None = local if mine == 0 else None
+    try:
+        for k in range(1, len(islands)):
+            if joined is not None:
+                inter = joined.Accept(ports[k - 1], root=0)
+                merged = inter.Merge(high=False)
+            elif k == mine:
+                with dynamic:
+                    inter = local.Connect(ports[k - 1], root=0)
+                merged = inter.Merge(high=True)
+            else:
+                continue
+            inter.Free()
+            if joined is not None and joined is not local:
+                joined.Free()
+            joined = merged
+    finally:
+        if rank == 0:
+            for port in ports:
+                MPI.Close_port(port)
+    if joined is None:
+        raise RuntimeError(f"mpimesh backend: rank {rank} was not joined to its world {addrs}")
+    final = cast(MPI.Intracomm, joined.Split(0, rank))
+    if joined is not local:
+        joined.Free()
+    local.Free()
+    return final
+
+
+def subgroup(parent: MPI.Intracomm, ranks: list[int]) -> MPI.Intracomm:
+    """The communicator of ``parent``'s ``ranks``, in that order; collective over them only (``new_group``)."""
+    group = parent.Get_group().Incl(ranks)
+    try:
+        return parent.Create_group(group, tag=_GROUP_TAG)
+    finally:
+        group.Free()
