@@ -4,7 +4,7 @@ Run (one host, then across two simulated hosts of ``.ci/multihost.sh``)::
 
     .venv/bin/python benchmarks/bench_heal.py [--repeats 5] [--size 2]
     MPIMESH_HOSTS_PREFIX=hb MPIMESH_HOSTS_NET=10.82.0 bash .ci/multihost.sh up 2
-    MPIMESH_HOSTS_PREFIX=hb .venv/bin/python benchmarks/bench_heal.py --hosts hb1,hb2
+    MPIMESH_HOSTS_NET=10.82.0 .venv/bin/python benchmarks/bench_heal.py --hosts hb1,hb2
 
 Three kinds of job, each launched ``--repeats`` times in turn, all with the
 same launcher and the same number of ranks (the controller, a mesh of
@@ -157,10 +157,12 @@ def job_raw(size: int) -> None:
 # the driver
 
 
-def _flags(prefix: str | None) -> list[str]:
-    env = dict(os.environ, VENV=str(BIN.parent))
-    if prefix:
-        env["MPIMESH_HOSTS_PREFIX"] = prefix
+def _flags(prefix: str) -> list[str]:
+    """``multihost.sh flags`` for the hosts ``<prefix>1, <prefix>2``, on the net ``MPIMESH_HOSTS_NET`` names."""
+    if prefix != "mh" and "MPIMESH_HOSTS_NET" not in os.environ:
+        # multihost.sh would name its default net (mh's) in the flags: the ranks would look for TCP there
+        sys.exit(f"bench_heal.py: set MPIMESH_HOSTS_NET to the net the hosts {prefix}1, {prefix}2 were made on")
+    env = dict(os.environ, VENV=str(BIN.parent), MPIMESH_HOSTS_PREFIX=prefix)
     done = subprocess.run(["bash", str(ROOT / ".ci" / "multihost.sh"), "flags"], capture_output=True, text=True,
                           timeout=30, env=env, check=True)
     return done.stdout.split()
