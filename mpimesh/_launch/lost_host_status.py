@@ -24,9 +24,11 @@ exits:
   ``PMIx_Abort`` status PRRTE records only on its own node, see
   ``_roles.job_status``).
 
-Signals that would end ``mpiexec`` (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
-SIGUSR1, SIGUSR2) are passed on to it, as if this process were it; a
-signal that ends it ends ``mpimesh run`` with the shell's 128 + N.
+Signals sent to ``mpimesh run`` (SIGTERM, SIGHUP, SIGQUIT, SIGUSR1,
+SIGUSR2) are passed on to ``mpiexec``, as if this process were it; SIGINT
+is not (a terminal's Ctrl-C reaches mpiexec directly, in the same process
+group).  A signal that ends ``mpiexec`` ends ``mpimesh run`` with the
+shell's 128 + N.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ __all__ = ["STATUS_FILE", "run_correcting_status"]
 #: The variable the controller writes the job's status to (``_roles.job_status``).
 STATUS_FILE = "MPIMESH_STATUS_FILE"
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def run_correcting_status(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -71,6 +73,9 @@ def run_correcting_status(argv: Sequence[str], environ: Mapping[str, str]) -> in
 
         for signum in _FORWARDED:
             signal.signal(signum, forward)
+        # Ctrl-C reaches mpiexec from the terminal itself (it is in this process group): passed on as
+        # well, it would be a second SIGINT, which PRRTE takes as "kill now" instead of a clean end.
+        signal.signal(signal.SIGINT, lambda signum, frame: None)
         code = proc.wait()
         return corrected(code, _read(path))
     finally:
