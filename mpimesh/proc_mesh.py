@@ -198,17 +198,23 @@ class ProcMesh(MeshTrait):
         on during the heal.  Slices and handles taken before the heal by
         this process follow it; a mesh handed to another actor does not
         (hand it again).  Blocks until the new actors are initialized.  A
-        mesh with no dead process is returned as it is.
+        mesh with no dead process is returned as it is.  All or nothing: if
+        a replacement dies or a re-made actor's ``__init__`` raises, this mesh
+        and its actor meshes are left as they were (the dead ranks still
+        dead) and the replacements are given back.
 
         Args:
             timeout: seconds to wait for the new actors (default ``MPIMESH_SPAWN_TIMEOUT``).
 
         Raises:
             RuntimeError: this is a reference (a slice or a received mesh), the mesh
-                was stopped, it is healed from an actor, or there is no spare
-                and spawning failed (the message says what to launch instead).
-            ActorError: a re-made actor's ``__init__`` raised.
-            TimeoutError: the new actors were not ready in time.
+                was stopped, it is healed from an actor, there is no spare
+                and spawning failed (the message says what to launch instead),
+                or the heal failed and was undone: a replacement died or a
+                re-made actor's ``__init__`` raised (the message names the
+                rank and the cause; ``__cause__`` is the ``SupervisionError``
+                or ``ActorError``).
+            TimeoutError: the new actors were not ready in time (undone as well).
         """
         if not self._owned:
             raise RuntimeError(

@@ -163,6 +163,8 @@ class Failures:
         self.dead: dict[Addr, str] = {}
         # peers ULFM reported failed, waiting for the fuller report: addr -> (when, ULFM's text)
         self._mpi_reported: dict[Addr, tuple[float, str]] = {}
+        #: replacements a heal makes actors on before a mesh holds them (``_core.heal``): the heal reports their faults
+        self.healing: set[Addr] = set()
 
     def mpi_failed(self, addrs: list[Addr], text: str) -> None:
         """ULFM reported ``addrs`` failed (the router's callback): settle now, or after the grace."""
@@ -245,7 +247,10 @@ class Failures:
             warn(f"failure of an actor whose mesh is gone:\n{report}")
             return
         # The actor's rank now, from its process: a shrink renumbers the ranks its spawn gave it.
-        ranks = [r for r, a in enumerate(node.payload.addrs) if a == src] or [rank]
+        ranks = [r for r, a in enumerate(node.payload.addrs) if a == src]
+        if not ranks and src in self.healing:
+            return  # an actor a heal made on a replacement no mesh holds: the heal raises its error
+        ranks = ranks or [rank]
         self.supervise(owners.actor_of(node), node.payload.failure(ranks, report))
 
     def on_dead(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:

@@ -24,10 +24,12 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..config import settings
+from ..errors import ActorError, SupervisionError
 from ..future import Future
 from ..shape import Shape
 from . import current as _current
 from . import journal, protocol
+from .logs import warn
 from .owners import Kind
 from .ports import Gather
 
@@ -61,12 +63,21 @@ def heal(key: Any, ranks: list[int], addrs: tuple[Addr, ...], hosts: tuple[str, 
          timeout: float | None = None) -> Healed:
     """Replace the dead processes among ``ranks`` (base indices) of the process mesh ``key``; blocks.
 
-    Returns once every re-made actor's ``__init__`` has run, or raises the
-    first one's error (``ActorError``), or ``TimeoutError`` after
-    ``timeout`` seconds (default ``MPIMESH_SPAWN_TIMEOUT``).
+    All or nothing: the actors are made on the replacements first, and only
+    once every ``__init__`` has returned are this process's actor meshes
+    re-pointed (and the caller re-points the process mesh from the result).
+    If any step fails, nothing moves: the replacements are given back, their
+    new actors stopped, and the meshes still name the dead processes.
+
+    Returns once every re-made actor's ``__init__`` has run.
 
     Raises:
-        RuntimeError: there is no spare and no process could be spawned (the message says what to launch).
+        RuntimeError: there is no spare and no process could be spawned, a
+            replacement died, or a re-made actor's ``__init__`` raised (the
+            message names the rank, the cause and what to do; the error is
+            chained from the cause: ``ActorError``, ``SupervisionError``).
+        TimeoutError: the new actors were not ready within ``timeout``
+            seconds (default ``MPIMESH_SPAWN_TIMEOUT``); nothing moved.
     """
     rt = _current.current()
     dead = rt.dead
@@ -80,22 +91,80 @@ def heal(key: Any, ranks: list[int], addrs: tuple[Addr, ...], hosts: tuple[str, 
         moved[addrs[i]] = addr
         new_addrs[i], new_hosts[i] = addr, host
     rt.hosts.update((addr, host) for addr, host in placed)
-    _drop_attached(rt, key, {i: dead[addrs[i]] for i in lost}, tuple(new_addrs))
-    waits = [_remake(rt, node.key, node.payload, moved) for node in rt.owners.of_kind(Kind.ACTOR_MESH)
-             if any(a in moved for a in node.payload.addrs)]
+    nodes = [node for node in rt.owners.of_kind(Kind.ACTOR_MESH) if any(a in moved for a in node.payload.addrs)]
+    meshes: list[Owned] = [node.payload for node in nodes]
+    # Until the heal commits, no mesh holds the replacements: a fault of an actor made there is
+    # this heal's to report (as the error below), not the mesh owner's (``Failures.on_fault``).
+    rt.failures.healing.update(moved.values())
     deadline = time.monotonic() + (settings.spawn_timeout if timeout is None else timeout)
-    for fut in waits:
-        if fut is not None:
-            fut.get(max(0.0, deadline - time.monotonic()))
+    try:
+        waits = [_remake(rt, node.key, node.payload, moved) for node in nodes]
+        for fut in waits:
+            if fut is not None:
+                fut.get(max(0.0, deadline - time.monotonic()))
+    except BaseException as exc:
+        _undo(rt, [addr for addr, _ in placed])
+        if not isinstance(exc, Exception):
+            raise
+        raise _failed(exc, lost, addrs, moved, new_hosts, meshes) from exc
+    # Committed: what is attached to the mesh follows first (the tensor engine's client sends what it
+    # has queued to the survivors while its actor mesh still names them), then every mesh is re-pointed.
+    _drop_attached(rt, key, {i: dead[addrs[i]] for i in lost}, tuple(new_addrs))
+    for owned in meshes:
+        owned.addrs = tuple(moved.get(a, a) for a in owned.addrs)
+        for ref in list(owned.handles):
+            ref.repoint(owned.addrs)
+    rt.failures.healing.difference_update(moved.values())
     journal.event("heal", f"replaced {len(lost)} dead process(es): " + ", ".join(
         f"{a[0]}.{a[1]} -> {b[0]}.{b[1]}" for a, b in moved.items()), key=key)
     return Healed(lost, tuple(new_addrs), tuple(new_hosts))
 
 
+def _undo(rt: Any, placed: list[Addr]) -> None:
+    """A heal failed: stop what it made on the replacements and give them back (bounded; best effort).
+
+    The replacements stay in ``Failures.healing``: a late fault of an actor
+    made there (its ``FAULT`` may trail the error that failed the heal) is
+    not reported to the mesh's owner, whose mesh never held that process.
+    """
+    live = [addr for addr in placed if addr not in rt.dead]
+    if not live:
+        return
+    try:
+        rt.role.release(live, "a heal that failed is undone").get(settings.shutdown_timeout + 5.0)
+    except Exception as exc:  # the heal's own error matters more; the processes stay taken
+        warn(f"heal: could not give back the replacements {live} of a failed heal: {exc}")
+
+
+def _failed(exc: Exception, lost: list[int], addrs: tuple[Addr, ...], moved: dict[Addr, Addr],
+            new_hosts: list[str], meshes: list[Owned]) -> Exception:
+    """The error of a heal that failed with ``exc`` and was undone: which rank, why, and what to do."""
+    rank = None
+    if isinstance(exc, ActorError):
+        # the actor mesh's rank, to the process mesh's: through the replacement's address
+        for owned in meshes:
+            if owned.name == exc.endpoint.rsplit(".", 1)[0] and 0 <= exc.rank < len(owned.addrs):
+                new = moved.get(owned.addrs[exc.rank])
+                rank = next((i for i in lost if moved[addrs[i]] == new), None)
+                break
+    ranks = [rank] if rank is not None else lost
+    where = ", ".join(f"rank {i} (by {moved[addrs[i]]} on {new_hosts[i]})" for i in ranks)
+    cause = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    state = (f"nothing changed: the mesh and its actor meshes still have dead rank(s) {lost}, "
+             "and the replacements were given back")
+    if isinstance(exc, TimeoutError):
+        return TimeoutError(f"cannot heal: the actors made again on {where} were not ready in time ({cause}); "
+                            f"{state}; call heal() again with a longer timeout, or go on without them with shrink()")
+    what = ("an actor's __init__ raised on it" if isinstance(exc, ActorError) else
+            "a replacement died" if isinstance(exc, SupervisionError) else "it failed")
+    return RuntimeError(f"cannot heal: replacing {where} failed, {what}: {type(exc).__name__}: {cause}; {state}; "
+                        "fix the cause and call heal() again, or go on without them with shrink()")
+
+
 def _drop_attached(rt: Any, key: Any, reports: dict[int, str], addrs: tuple[Addr, ...]) -> None:
     # What was attached to the mesh was built over the dead processes: an object that can follow the
-    # heal (the tensor engine's client: ``follow_heal(reports, addrs)``) is told, before the replacements
-    # join its actors; any other is closed, and made anew on its next use.
+    # heal (the tensor engine's client: ``follow_heal(reports, addrs)``) is told, before its actor mesh
+    # is re-pointed to the replacements; any other is closed, and made anew on its next use.
     node = rt.owners.get(key)
     if node is None:
         return
@@ -109,15 +178,15 @@ def _drop_attached(rt: Any, key: Any, reports: dict[int, str], addrs: tuple[Addr
 
 
 def _remake(rt: Any, key: Any, owned: Owned, moved: dict[Addr, Addr]) -> Future[None] | None:
-    """Make again the actors of mesh ``key`` whose processes moved; the future of their ``__init__``."""
-    old = owned.addrs
-    addrs = tuple(moved.get(a, a) for a in old)
-    owned.addrs = addrs
-    for ref in list(owned.handles):
-        ref.repoint(addrs)
+    """Make again the actors of mesh ``key`` whose processes moved; the future of their ``__init__``.
+
+    The mesh itself is not touched: the heal re-points it once every ``__init__`` has returned.
+    """
     recipe = owned.recipe
     if recipe is None:
         return None
+    old = owned.addrs
+    addrs = tuple(moved.get(a, a) for a in old)
     shape: Shape = owned.shape
     fut: Future[None] = Future(f"{owned.name}.initialized")
     waiting = Gather(fut, f"{owned.name}.__init__", shape, list(addrs), values=False)

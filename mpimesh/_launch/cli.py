@@ -43,7 +43,9 @@ no mesh takes them, and ``heal_mesh`` puts them in place of dead processes
 waiting on a child: signals (Ctrl-C, ``scancel``'s SIGTERM) reach mpiexec
 directly and it forwards them to the ranks, the exit status is mpiexec's
 exactly (death by signal included), and no idle Python parent is left
-holding memory in a batch job.
+holding memory in a batch job.  Except across hosts with Open MPI: there
+PRRTE exits 0 after losing a host, so ``run`` waits on mpiexec, passes
+signals on, and corrects that status (``lost_host_status``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from dataclasses import dataclass, field, replace
 from ..config import parse_dashboard
 from .discover import MpiLibrary, find_mpiexec, no_mpiexec_message, probe_library
 from .info import info_command
+from .lost_host_status import STATUS_FILE, run_correcting_status
 
 __all__ = ["main"]
 
@@ -374,6 +377,11 @@ def want_oversubscribe(
     return opts.nprocs > cpus
 
 
+def _across_hosts(opts: RunOptions, environ: Mapping[str, str]) -> bool:
+    """Return whether the ranks may run on more than one node (``--host``, ``--hostfile``, a multi-node allocation)."""
+    return opts.hosts is not None or opts.hostfile is not None or _multi_node(environ)
+
+
 def _multi_node(environ: Mapping[str, str]) -> bool:
     """Return whether this runs in a Slurm allocation of more than one node."""
     for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
@@ -525,6 +533,9 @@ def _run(args: Sequence[str]) -> int:
     environ.update(added)
     sys.stdout.flush()
     sys.stderr.flush()
+    if lib.vendor == "openmpi" and _across_hosts(opts, environ) and STATUS_FILE not in environ:
+        # PRRTE exits 0 after losing a host: wait on it, and correct that (lost_host_status).
+        return run_correcting_status(argv, environ)
     resolved = shutil.which(argv[0]) or argv[0]
     # Hand mpiexec a clean process, as subprocess would: Python ignores
     # SIGPIPE and SIGXFSZ, and ignored signals survive exec; and descriptors

@@ -145,7 +145,8 @@ def host_loss_notice(environ: Mapping[str, str], argv: Sequence[str]) -> str | N
     return ("mpimesh: this job spans hosts under mpiexec (PRRTE): if a whole host is lost (crash, power, "
             "network), mpiexec ends the whole job, and no SupervisionError is raised; to outlive a lost host, "
             "launch under Slurm with `srun --mpi=pmix --no-kill --kill-on-bad-exit=0` in an `sbatch --no-kill` "
-            "job (jobs/slurm/mpimesh.sbatch) (MPIMESH_HOST_LOSS_NOTICE=0 silences this notice)")
+            "job (jobs/slurm/mpimesh.sbatch); the job's status is then 1 under `mpimesh run`, but 0 under a "
+            "plain mpiexec (PRRTE's) (MPIMESH_HOST_LOSS_NOTICE=0 silences this notice)")
 
 
 def prrte_version(prte_info: str) -> tuple[int, int, int] | None:

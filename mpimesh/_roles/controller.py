@@ -32,6 +32,7 @@ from .base import BaseRole
 from .end_of_job import EndOfJob
 from .hostwatchers import HostWatchers
 from .islands import Islands, prepare_singleton
+from .job_status import write_status_file
 from .liveness import Liveness
 from .pool import Pool
 from .procs import Addr, Procs
@@ -92,6 +93,9 @@ class Controller(BaseRole):
 
     def start(self) -> None:
         """Start watching the pool and the background progress thread."""
+        # Until the job's end writes its real status, a job cut short (a lost host: PRRTE SIGKILLs
+        # every rank and exits 0) has failed: what ``mpimesh run`` and the Slurm templates report.
+        write_status_file(1)
         if not self.pool.ranks:
             prepare_singleton(self.fault_tolerant)
         rt = self.rt
