@@ -204,7 +204,11 @@ class Engine(Actor):
         # everywhere, and so do local tensors whose shapes differ (a remote
         # function may make them so), which MPI would misread.
         mine = None if bad is not None else tuple((tuple(v.shape), str(v.dtype)) for v in values if v is not None)
-        everyone = comm.allgather(mine)
+        try:
+            everyone = comm.allgather(mine)
+        except Exception as exc:  # a member died (MPI_ERR_PROC_FAILED): the result says so, the engine goes on
+            self._failed(out_ids, what, site, exc)
+            return
         if bad is None and any(other is None for other in everyone):
             bad = Poison(what, site, "the input is poisoned on another process of the group", "")
         if bad is None and len(set(everyone)) > 1:
@@ -259,7 +263,11 @@ class Engine(Actor):
         values = [self.table.get(i) for i in ids]
         have = all(isinstance(v, torch.Tensor) and tuple(v.shape) == shape and v.dtype == dtype
                    for v, (shape, dtype, _) in zip(values, metas, strict=True))
-        everyone = comm.allgather(have)
+        try:
+            everyone = comm.allgather(have)
+        except Exception as exc:  # a member died: the result says so, the engine goes on
+            self._failed(ids, what, site, exc)
+            return
         if root is None:
             root = next((r for r, h in enumerate(everyone) if h), None)
         if root is None or not everyone[root]:
