@@ -142,6 +142,17 @@ class ActorCell:
         self.host.forget(self.key, self.name, reason)
         # Calls waiting behind __init__ are refused now, not when (if ever) it returns.
         cause = f"Actor {self.actor_id} was stopped before its __init__ returned ({reason})"
+        self._refuse_mailbox(cause)
+        self.put(Stop(reason, None))  # wakes the thread if __init__ never began
+        if self.init_port is not None:
+            self.invoker.refuse(self.init_port, self.point.rank, "__init__", None, cause)
+        done()
+
+    def _refuse_mailbox(self, cause: str) -> None:
+        # Empty the mailbox of an actor that will run nothing more: each call
+        # is refused with ``cause``, and each stop asked meanwhile is answered
+        # (a second STOP, e.g. its process stopping while the actor is in
+        # __cleanup__, would otherwise never be, and its sender waits out its bound).
         mailbox = self.runner.mailbox
         while True:
             try:
@@ -154,14 +165,14 @@ class ActorCell:
                 method, index = site.method, site.point[0]
             elif isinstance(item, Call):
                 method, port, index = item.frame[CALL_METHOD], item.frame[CALL_REPLY_PORT], item.frame[CALL_POINT][0]
+            elif isinstance(item, Stop):
+                if item.done is not None:
+                    item.done()
+                continue
             else:
                 continue
             if port is not None:
                 self.invoker.refuse(port, index, method, None, cause)
-        self.put(Stop(reason, None))  # wakes the thread if __init__ never began
-        if self.init_port is not None:
-            self.invoker.refuse(self.init_port, self.point.rank, "__init__", None, cause)
-        done()
 
     def abort(self, reason: str) -> None:
         """Fail this actor now, with ``reason``, and tell its owner (``Instance.abort``)."""
@@ -319,9 +330,11 @@ class ActorCell:
         for site in list(self.host.sites.values()):
             if site.key == self.key:
                 site.fn = None  # the bound method holds the object
-        self.host.forget(self.key, self.name, self.lifecycle.stop_reason or "stopped")
+        reason = self.lifecycle.stop_reason or "stopped"
+        self.host.forget(self.key, self.name, reason)
         if done is not None:
             done()
+        self._refuse_mailbox(f"it is stopped ({reason})")
 
     # -- failures ----------------------------------------------------------
 

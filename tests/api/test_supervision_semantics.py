@@ -353,3 +353,30 @@ def test_an_actor_whose_owned_stop_times_out_is_let_go_at_once(one_proc: object)
     finally:
         gc.enable.call(True).get(60)
         gc.stop().get(60)
+
+
+class CleansUpForASecond(Actor):
+    """A ``__cleanup__`` that takes a second: a second stop arrives while it runs."""
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        import time
+
+        time.sleep(1.0)
+
+
+def test_a_process_stopped_while_its_actor_cleans_up_answers_once_the_cleanup_ends() -> None:
+    """The stop of a process whose actor is already stopping answers when that stop ends, not at its bound.
+
+    The second STOP waited behind the first in the actor's mailbox, and the
+    actor's thread ended with it unread: the process's stop then took
+    ``MPIMESH_SHUTDOWN_TIMEOUT`` (10 s) every time.
+    """
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        mesh = procs.spawn("cleans", CleansUpForASecond)
+        mesh.initialized.get(30)
+        first = mesh.stop()  # __cleanup__ runs for a second
+        procs.stop().get(7)  # under the 10 s bound: answered when the cleanup ends
+        first.get(10)
+    finally:
+        procs.stop().get(30)
