@@ -1,6 +1,7 @@
-"""Sum the JUnit reports of all test runs into one closing line.
+"""Sum the JUnit reports of all test runs into one closing line, after the runs' times and the slowest tests.
 
-Usage: python scripts/summarize_junit.py DIR  -- prints "tests: N passed, N failed, N skipped".
+Usage: python scripts/summarize_junit.py DIR  -- prints each report's wall time, the
+15 slowest test cases of all runs, then "tests: N passed, N failed, N skipped".
 """
 
 import sys
@@ -8,7 +9,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 passed = failed = skipped = 0
+slowest: list[tuple[float, str]] = []
 for report in sorted(Path(sys.argv[1]).glob("*.xml")):
+    seconds = 0.0
     for suite in ET.parse(report).getroot().iter("testsuite"):
         tests = int(suite.get("tests", 0))
         bad = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
@@ -16,5 +19,13 @@ for report in sorted(Path(sys.argv[1]).glob("*.xml")):
         passed += tests - bad - skip
         failed += bad
         skipped += skip
+        seconds += float(suite.get("time", 0))
+        for case in suite.iter("testcase"):
+            name = f"{report.stem}: {case.get('classname', '')}::{case.get('name', '')}"
+            slowest.append((float(case.get("time", 0)), name))
+    print(f"{report.stem}: {seconds:.0f} s")
+print("slowest tests:")
+for seconds, name in sorted(slowest, reverse=True)[:15]:
+    print(f"  {seconds:7.1f} s  {name}")
 print(f"tests: {passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)

@@ -22,6 +22,8 @@ bash scripts/bootstrap.sh
 reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
 run_no=0
+# Each step's header says when it began, so a slow step shows in the log.
+step() { echo "== $* [$(date -u +%H:%M:%S), ${SECONDS}s in]"; }
 next_report() { run_no=$((run_no + 1)); report="--junitxml=$reports/run$run_no.xml"; }
 # A run must leave its report and pytest's exit status 0 beside it (tests/conftest.py
 # writes REPORT.done), the proof that pytest went to its end: an MPI launcher can end
@@ -42,7 +44,7 @@ mpi_runs() {
     [ "$(id -u)" = 0 ] && mpiexec+=(--allow-run-as-root)
   fi
   for n in 1 2 4; do
-    echo "== $label: mpiexec -n $n python -m mpimesh -m pytest -m mesh"
+    step "$label: mpiexec -n $n python -m mpimesh -m pytest -m mesh"
     next_report
     timeout 900 "${mpiexec[@]}" -n "$n" "$venv/bin/python" -m mpimesh -m pytest --with-mpi -m mesh -q \
       --color=no "$report" tests
@@ -50,7 +52,7 @@ mpi_runs() {
   done
   # Every cast down a tree (fan-out 2, from 2 actors; issue #16): the whole
   # suite again, so that order, faults and slices hold on the forwarded path.
-  echo "== $label: the same at n=4, every cast down a tree (MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2" \
+  step "$label: the same at n=4, every cast down a tree (MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2" \
        "MPIMESH_CAST_NEAR_DIRECT=0)"
   next_report
   MPIMESH_CAST_FANOUT=2 MPIMESH_CAST_TREE_MIN=2 MPIMESH_CAST_NEAR_DIRECT=0 timeout 900 "${mpiexec[@]}" -n 4 "$venv/bin/python" -m mpimesh \
@@ -58,11 +60,11 @@ mpi_runs() {
   check_report
 }
 
-echo "== lint: ruff, mypy --strict"
+step "lint: ruff, mypy --strict"
 .venv/bin/ruff check --no-cache .
 .venv/bin/mypy --cache-dir=/dev/null
 
-echo "== pure and subprocess tests"
+step "pure and subprocess tests"
 next_report
 timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" \
   --ignore=tests/launch/test_pip_install.py tests
@@ -71,7 +73,7 @@ check_report
 # A plain `pip install` into fresh venvs (checkout, sdist, wheel: issue #17):
 # 3-6 minutes of pip and builds, bounded on its own; a test of its own may run
 # past faulthandler's 120 s (its fixtures build the sdist and the wheel).
-echo "== pip install into fresh venvs"
+step "pip install into fresh venvs"
 next_report
 timeout 1500 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" -o faulthandler_timeout=0 \
   tests/launch/test_pip_install.py
@@ -84,10 +86,10 @@ mpi_runs .venv "Open MPI 5"
 # (the fault matrix across hosts, placement, mpimesh run --host).
 if [ "${MPIMESH_TEST_MULTIHOST:-1}" != 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "== Open MPI 5 across 2 simulated hosts: the mesh suite (--host mh1:4,mh2:2 -n 6), again with trees, then tests/hosts"
+    step "Open MPI 5 across 2 simulated hosts: the mesh suite (--host mh1:4,mh2:2 -n 6), again with trees, then tests/hosts"
     HOSTS_TESTS_ONLY="mesh trees hosts" HOSTS_TESTS_JUNIT="$reports/hosts" timeout 900 bash .ci/hosts-tests.sh
   else
-    echo "== across hosts: SKIPPED: simulated hosts need root (network namespaces); as root: bash .ci/hosts-tests.sh"
+    step "across hosts: SKIPPED: simulated hosts need root (network namespaces); as root: bash .ci/hosts-tests.sh"
   fi
 fi
 
@@ -97,13 +99,13 @@ if [ "${MPIMESH_TEST_MPICH:-1}" != 0 ]; then
 fi
 
 if [ "${MPIMESH_TEST_SLURM:-${CI:-0}}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" != 0 ]; then
-  echo "== SLURM job templates"
+  step "SLURM job templates"
   timeout 900 bash .ci/slurm-jobs.sh
 fi
 # A whole host lost under a running job (issue #27): a 3-node Slurm on simulated hosts
 # (.ci/slurm-hosts.sh), root only (it skips loudly otherwise); under 5 minutes.
 if [ "${CI:-0}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" != 0 ]; then
-  echo "== a lost host under Slurm (tests/slurm on .ci/slurm-hosts.sh)"
+  step "a lost host under Slurm (tests/slurm on .ci/slurm-hosts.sh)"
   timeout 300 bash .ci/slurm-hosts-tests.sh
 fi
 .venv/bin/python scripts/summarize_junit.py "$reports"

@@ -389,9 +389,9 @@ def test_worker_tensors_are_freed_with_their_handles(procs: Any) -> None:
     engine = mpimesh.tensor._client.client_of(procs).engine
     with procs.activate():
         acc = torch.zeros(256)
-        for _ in range(10_000):
+        for _ in range(2_500):  # 4 operations each, 3 of them temporaries
             acc = acc + torch.ones(256) * 2 - 1
-    assert mpimesh.inspect(acc, gpus=1)[0].item() == 10_000.0
+    assert mpimesh.inspect(acc, gpus=1)[0].item() == 2_500.0
     del acc
     stats = engine.stats.call().get(60).values()
     assert all(s["tensors"] < 50 for s in stats), stats
