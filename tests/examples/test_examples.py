@@ -35,7 +35,9 @@ def test_ping_pong(launch: str) -> None:
     assert result.orphans == []
 
 
-@pytest.mark.parametrize("launch", ["mpirun4", "spawned"])
+# The heavier examples run once each, alternating the launch: the other way is the
+# mesh suite's (n=1 spawns its workers), and hello_mesh and ping_pong run both ways.
+@pytest.mark.parametrize("launch", ["spawned"])
 def test_grpo_pipeline(launch: str) -> None:
     """grpo_pipeline: send(), a concurrent buffer and RDMA weights train the bandit policy to full accuracy."""
     script = str(ROOT / "examples" / "grpo_pipeline.py")
@@ -48,7 +50,7 @@ def test_grpo_pipeline(launch: str) -> None:
     assert result.orphans == []
 
 
-@pytest.mark.parametrize("launch", ["mpirun5", "spawned"])
+@pytest.mark.parametrize("launch", ["mpirun5"])
 def test_tensor_basics(launch: str) -> None:
     """tensor_basics: ops on every process, reduce/stack, remote functions, a sharded matmul, a poisoned fetch."""
     script = str(ROOT / "examples" / "tensor_basics.py")
