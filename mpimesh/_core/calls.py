@@ -110,7 +110,11 @@ def _post(
         report = dead[addr]
     else:
         try:
-            rt.multicast.post(addr, frame, buffers)
+            multicast = rt.multicast
+            if multicast.enrolled:
+                multicast.post(addr, frame, buffers)  # numbered, in order with the casts
+            else:
+                rt.router.send(addr, frame, buffers)  # what post does then, one frame fewer
             return None
         except ConnectionError as exc:
             report = str(exc)

@@ -203,7 +203,7 @@ class Progress:
         if done():
             return True
         now = last_traffic = time.monotonic()
-        end = deadline(timeout, now)
+        end = math.inf if timeout is None else now + timeout  # deadline(), inline: every round trip waits
         backoff: Backoff | None = None  # made at the first nap
         spins = 0
         chunk = _SPIN_CHUNK if self._spin > 0 else 0.0  # a leader's first polls spin in MPI
@@ -217,10 +217,10 @@ class Progress:
             else:  # a reply is awaited: the background waiter leaves its deep naps
                 self._background_backoff.reset()
                 self._wake_background()
+            # done() and the clock are read at the end of each turn, not at
+            # its start: the first turn uses the reads above (one of each
+            # fewer per round trip, on both sides of B1).
             while True:
-                if done():
-                    return True
-                now = time.monotonic()
                 if now >= end:
                     return False
                 idle = now - last_traffic
@@ -242,7 +242,7 @@ class Progress:
                     if handled:
                         if done():
                             return True  # most often: the reply this thread waited for
-                        last_traffic = time.monotonic()
+                        now = last_traffic = time.monotonic()
                         if backoff is not None:
                             backoff.reset()
                         continue
@@ -253,6 +253,9 @@ class Progress:
                         spins += 1
                         if spins % _YIELD_EVERY == 0:
                             os.sched_yield()
+                        if done():  # another thread's doing
+                            return True
+                        now = time.monotonic()
                         continue
                     chunk = 0.0
                     backoff = backoff or Backoff()
@@ -263,6 +266,9 @@ class Progress:
                 with sleeper:
                     if not done():
                         sleeper.wait(min(pause, end - now))
+                if done():
+                    return True
+                now = time.monotonic()
         finally:
             # Not `if leading`: an interrupt between setting it and the list's
             # change would leave a leader for good, and no background polling.
