@@ -407,7 +407,7 @@ class Liveness:
                 continue
             for mate in pinged:
                 heard = self.last_heard.get(mate)
-                if heard is None or heard >= asked:
+                if heard is None or heard > asked:
                     continue  # declared dead meanwhile, or it answered: alive
                 self.forget(mate)
                 self.rt.failures.declare_dead(
