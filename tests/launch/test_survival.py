@@ -41,7 +41,7 @@ def test_direct_launch_turns_on_ulfm_its_detector_and_propagation_and_the_users_
         "OMPI_MCA_mpi_ft_propagator_with_rbcast": "true",
         "OMPI_MCA_mpi_ft_detector": "true",
         "OMPI_MCA_mpi_ft_detector_period": "0.5",
-        "OMPI_MCA_mpi_ft_detector_timeout": "1.5",
+        "OMPI_MCA_mpi_ft_detector_timeout": "2",
         "OMPI_MCA_coll": "^han",
     }
     mine = {"OMPI_MCA_mpi_ft_detector_timeout": "5", "OMPI_MCA_mpi_ft_enable": "false", "OMPI_MCA_coll": "^hcoll"}
