@@ -130,7 +130,7 @@ PING_AFTER = 2.0
 _DEAF_AFTER = 0.25
 #: Seconds the other workers of a host have to be heard from, after a PING, once a process of that host was
 #: declared dead with no word from the host (see the module's docstring); the controller's own deafness is not
-#: counted.  The frozen host of tests/slurm is then found ~2.3 s after the freeze, not 5.7-6 s.
+#: counted.  The frozen host of tests/slurm is then found 2.30-2.38 s after the freeze, not 5.7-6 s.
 HOST_ANSWER = 0.5
 # How a death's cause begins when nothing came from the dead process's host: ULFM's report that no host
 # watcher's EXITED completed (``Controller.settle_mpi_report``), or the heartbeat timeout.
