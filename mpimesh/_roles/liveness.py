@@ -46,7 +46,9 @@ by ending the job.  Silence can be the listener's fault or the speaker's:
 What is still declared dead: a process that exited (pidfd, at once), one
 stopped or hung with no CPU progress for the timeout, and one on another
 host silent for the timeout (lost node, SIGSTOP, hung; or holding the GIL
-where the native part is not built).
+where the native part is not built).  What is not: a process that spins for
+ever in C code is indistinguishable from a long computation, and is bounded
+by the caller's timeout.
 
 **A silent host goes at once** (issue #27 item 6).  When a process of
 another host is declared dead with no word from that host (ULFM's bare
@@ -55,11 +57,13 @@ may be lost or frozen, and then every process of it is silent.  ULFM's
 detector ring finds a frozen host's processes one after another, each after
 its own timeout (two processes: 5.7-6 s), so the controller asks instead:
 it PINGs the host's other workers at once, and declares dead with their
-host those from which nothing arrives within :data:`HOST_ANSWER` (an idle
-worker echoes within milliseconds, a busy one through its native
-heartbeat).  A host that is alive answers, and nobody else is declared.  What is not: a process that spins for
-ever in C code is indistinguishable from a long computation, and is bounded
-by the caller's timeout.
+host those from which nothing arrives within :data:`HOST_ANSWER` (a worker
+echoes within milliseconds, 60 s beside 4 spinning processes on 2 cores
+included).  A host that is alive answers, and nobody else is declared.  The
+risk taken: a worker of that host whose polling stalls longer than that
+(behind a large receive: its native heartbeat comes every second) is
+declared dead with it, but only right after a process of its host died
+with no word.
 
 The cause comes from the worker's *last words*: every worker points Python's
 ``faulthandler`` at a file of its own, so a fatal signal (SIGSEGV, SIGABRT,
