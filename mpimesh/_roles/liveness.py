@@ -57,10 +57,10 @@ may be lost or frozen, and then every process of it is silent.  ULFM's
 detector ring finds a frozen host's processes one after another, each after
 its own timeout (two processes: 5.7-6 s), so the controller asks instead:
 it PINGs the host's other workers at once, and declares dead with their
-host those from which nothing arrives within :data:`HOST_ANSWER` (a worker
-echoes within milliseconds, 60 s beside 4 spinning processes on 2 cores
-included).  A host that is alive answers, and nobody else is declared.  The
-risk taken: a worker of that host whose polling stalls longer than that
+host those from which nothing arrives within :data:`HOST_ANSWER` (an idle
+worker echoes a PING within milliseconds).  A host that is alive answers,
+and nobody else is declared.  The risk taken (its latency under heavy load
+is not measured yet): a worker of that host whose polling stalls longer
 (behind a large receive: its native heartbeat comes every second) is
 declared dead with it, but only right after a process of its host died
 with no word.
