@@ -29,6 +29,7 @@ does all of it); skips with the reason otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -166,7 +167,7 @@ class NeverReady(AssertionError):
 
 
 def _submit(tmp_path: Path, mode: str, lose: str, *, job_text: str = JOB, per_node: int = 2, **env: str) -> Job:
-    """Submit the job (``per_node`` ranks on each node), lose sl3 (``lose``: kill, freeze, rank) once it is READY.
+    """Submit the job (``per_node`` ranks a node), lose sl3 (``lose``: kill, freeze, rank, freeze-rank) once READY.
 
     Waits for the job's end.  A job that never says READY is submitted once
     more (it says so): measured 3 boots in ~30 jobs where ULFM reported a
@@ -207,7 +208,7 @@ def _submit_once(tmp_path: Path, mode: str, lose: str, job_text: str, per_node: 
             raise NeverReady(
                 f"the job never said READY:\n{out.read_text(errors='replace') if out.exists() else 'no output'}")
         time.sleep(0.5)  # the call to sl3's worker is on its way
-        if lose == "rank":  # only the worker of the mesh there
+        if lose in ("rank", "freeze-rank"):  # only the worker of the mesh there
             victims = [json.loads(out.read_text(errors="replace").split("READY ", 1)[1].splitlines()[0])[2][1]]
         else:
             victims = _netns_pids(LOST)
@@ -215,10 +216,17 @@ def _submit_once(tmp_path: Path, mode: str, lose: str, job_text: str, per_node: 
         lost_at = time.monotonic()
         for pid in victims:
             try:
-                os.kill(pid, signal.SIGSTOP if lose == "freeze" else signal.SIGKILL)
+                os.kill(pid, signal.SIGSTOP if lose.startswith("freeze") else signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        frozen = victims if lose == "freeze" else []
+        frozen = victims if lose.startswith("freeze") else []
+        if lose == "freeze-rank":  # its host lives on: srun would wait for the frozen task, so kill it at the end
+            deadline = time.monotonic() + 150
+            while job.poll() is None and time.monotonic() < deadline and "END" not in out.read_text(errors="replace"):
+                time.sleep(0.1)
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         try:
             job.wait(150)
         except subprocess.TimeoutExpired:

@@ -15,6 +15,11 @@ ends with the script's status.
 
 Opt-in (it loads the machine for a minute): runs only when
 ``MPIMESH_TEST_SLURM_LOAD_S`` is set, under ``.ci/slurm-hosts-tests.sh``.
+
+The other side of the controller's question: one rank of sl3 frozen (its
+host alive), beside the same spinning processes.  ULFM finds it, the
+controller PINGs sl3's other workers, and they answer in time: the mesh on
+sl3's other rank is not failed and answers.
 """
 
 from __future__ import annotations
@@ -28,7 +33,17 @@ import time
 from pathlib import Path
 
 import pytest
-from test_slurm_hostloss import CHOSEN, HOSTS, TEMPLATE, cluster  # noqa: F401  (the fixture)
+from test_slurm_hostloss import (
+    CHOSEN,
+    FREEZE_BOUND,
+    HOSTS,
+    LOST,
+    TEMPLATE,
+    _caught,
+    _nothing_left,
+    _submit,
+    cluster,  # noqa: F401  (the fixture)
+)
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slurm, pytest.mark.timeout(400)]
 
@@ -115,3 +130,59 @@ def test_no_process_is_declared_dead_under_heavy_load(tmp_path: Path) -> None:
     assert job.returncode == CHOSEN, f"job status {job.returncode}\n{output[-6000:]}"
     assert sorted(h for h, _ in json.loads(next(line[6:] for line in output.splitlines()
                                                 if line.startswith("READY ")))) == HOSTS
+
+
+RANK_JOB = r"""
+import json, os, socket, sys, time
+import mpimesh
+from mpimesh import Actor, SupervisionError, endpoint, host_mesh
+
+
+class W(Actor):
+    @endpoint
+    def where(self):
+        return socket.gethostname(), os.getpid()
+
+    @endpoint
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return os.getpid()
+
+
+failures = []
+mpimesh.unhandled_fault_hook = lambda failure: failures.append(str(failure).splitlines()[0])
+ws = host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("w", W)
+vs = host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("v", W)  # another rank of each host
+where = [ws.slice(hosts=h).where.call_one().get(60) for h in range(3)]
+mate = vs.slice(hosts=2).where.call_one().get(60)
+pending = ws.slice(hosts=2).sleep.call_one(120)
+print("READY " + json.dumps(where), flush=True)
+try:
+    pending.get(90)
+    print("NO ERROR", flush=True)
+except SupervisionError as exc:
+    print("CAUGHT " + json.dumps({"t": time.monotonic(), "message": str(exc)}), flush=True)
+time.sleep(1.5)  # past the controller's question to the host
+print("MATE " + json.dumps([mate, vs.slice(hosts=2).where.call_one().get(30)]), flush=True)
+print("HOOK " + json.dumps(failures), flush=True)
+print("END", flush=True)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.usefixtures("cluster")
+def test_a_frozen_rank_on_a_live_host_takes_nobody_else(tmp_path: Path) -> None:
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                for _ in range(SPINNERS)]
+    try:
+        job = _submit(tmp_path, "handled", "freeze-rank", job_text=RANK_JOB, per_node=3)
+    finally:
+        for spinner in spinners:
+            os.killpg(spinner.pid, signal.SIGKILL)
+            spinner.wait(10)
+    _caught(job, FREEZE_BOUND + 2)
+    before, after = json.loads(job.line("MATE") or "[null, null]")
+    assert before == after and before[0] == LOST, job.describe()
+    assert len(json.loads(job.line("HOOK") or "[]")) == 1, job.describe()  # the frozen one's mesh only
+    assert job.returncode == CHOSEN, job.describe()
+    _nothing_left(job)
