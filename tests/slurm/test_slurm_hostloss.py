@@ -55,8 +55,8 @@ HOSTS = [f"{PREFIX}{i}" for i in (1, 2, 3)]
 LOST = HOSTS[2]
 #: detection bounds (issue #27): a killed host within 1 s, a frozen one within ~2 s: ULFM's detector finds
 #: the first frozen process in its 2 s, the controller the host's other ones 0.5 s later
-#: (``_roles/liveness.py``; without it 5.7-6 s, one process after another). Measured 2.30-2.38 s in 5 runs
-#: of 5 at load 12-20 (1.80-2.09 s with a 1.5 s detector timeout); the bound leaves room for a loaded CI.
+#: (``_roles/liveness.py``; without it 5.7-6 s, one process after another). Measured 2.30-2.48 s in 6 runs
+#: of 6 at load 12-20 (1.80-2.09 s with a 1.5 s detector timeout); the bound leaves room for a loaded CI.
 KILL_BOUND = 1.0
 FREEZE_BOUND = 3.5
 #: the script's own status when it handled the failure
