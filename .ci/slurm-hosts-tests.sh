@@ -6,6 +6,7 @@
 #   SLURM_HOSTS_TESTS_K=frozen bash .ci/slurm-hosts-tests.sh     # pytest -k
 #
 # Brings up the 3-node Slurm on simulated hosts of .ci/slurm-hosts.sh (sl1..sl3,
+# or SLURM_HOSTS_PREFIX's: slurm-hosts.sh reads it and SLURM_HOSTS_NET,
 # installing the Slurm packages from apt when missing), runs tests/slurm/ with
 # MPIMESH_TEST_SLURM_HOSTS=sl (each test kills or freezes host sl3 under a
 # running job and revives it), and takes everything down again (an EXIT trap),
@@ -22,7 +23,7 @@ REPO=$(cd "$HERE/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
 case "$VENV" in /*) ;; *) VENV=$REPO/$VENV ;; esac
 TIMEOUT=${SLURM_HOSTS_TESTS_TIMEOUT:-280}
-PREFIX=sl
+PREFIX=${SLURM_HOSTS_PREFIX:-sl}
 log() { printf '[slurm-hosts-tests %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }

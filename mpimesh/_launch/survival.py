@@ -38,7 +38,13 @@ __all__ = [
 #: What ULFM needs under direct launch, where no ``mpiexec --with-ft ulfm`` sets it: a dead peer is an
 #: MPI error, not the end of this process; the failure is spread by MPI itself (reliable broadcast),
 #: as Slurm's PMIx server spreads nothing; and a silent (frozen) peer is found by heartbeats, every
-#: 0.5 s, dead after 2 s (measured: a frozen host found in 1.75 s).
+#: 0.5 s, dead after 2 s.  ULFM's ring finds only the first process of a frozen host that quickly
+#: (each next one after its own timeout, 5.7-6 s for two); the controller then asks that host's other
+#: workers and declares the silent ones dead 0.5 s later (``_roles/liveness.py``): the frozen host of
+#: tests/slurm is found in 2.30-2.48 s (6 runs).  A timeout of 1.5 s gave 1.80-2.09 s (6 runs) and no false positive
+#: in 60 s beside 4 spinning processes on 2 cores (``tests/slurm/test_slurm_load.py``, twice), but one
+#: job of 5 in a benchmark died at boot (garbage in the boot's ``allgather``, an ERA agreement error:
+#: the kind of boot death seen at 2 s too, 3 in ~30 jobs): not made the default on that evidence.
 DIRECT_LAUNCH_ULFM = {
     "OMPI_MCA_mpi_ft_enable": "true",
     "OMPI_MCA_mpi_ft_propagator_with_rbcast": "true",

@@ -326,7 +326,7 @@ class Controller(BaseRole):
         if not self.procs.kill(proc) and "stopped answering" in cause:
             self.procs.unconfirmed.add(addr)
         if self.liveness is not None:
-            self.liveness.forget(addr)
+            self.liveness.lost(addr, cause)
         self.watchers.died(proc)
         self.procs.changed()
         return f"process {addr[0]}.{addr[1]} (pid {proc.pid}) on {proc.host} died: {cause}"

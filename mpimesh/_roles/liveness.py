@@ -50,6 +50,22 @@ where the native part is not built).  What is not: a process that spins for
 ever in C code is indistinguishable from a long computation, and is bounded
 by the caller's timeout.
 
+**A silent host goes at once** (issue #27 item 6).  When a process of
+another host is declared dead with no word from that host (ULFM's bare
+report, or silence; no exit seen by the host's watchers), the host itself
+may be lost or frozen, and then every process of it is silent.  ULFM's
+detector ring finds a frozen host's processes one after another, each after
+its own timeout (two processes: 5.7-6 s), so the controller asks instead:
+it PINGs the host's other workers at once, and declares dead with their
+host those from which nothing arrives within :data:`HOST_ANSWER` (an idle
+worker echoes a PING within milliseconds).  A host that is alive answers,
+and nobody else is declared (checked with one rank of a host frozen beside
+4 spinning processes on 2 cores: ``tests/slurm/test_slurm_load.py``).  The
+risk taken: a worker of that host whose polling stalls longer
+(behind a large receive: its native heartbeat comes every second) is
+declared dead with it, but only right after a process of its host died
+with no word.
+
 The cause comes from the worker's *last words*: every worker points Python's
 ``faulthandler`` at a file of its own, so a fatal signal (SIGSEGV, SIGABRT,
 SIGBUS, SIGFPE, SIGILL) leaves its name and stack there.  An ``os._exit``, a
@@ -117,6 +133,13 @@ PING_AFTER = 2.0
 # of the heartbeat timeout, if less) is deafness: the excess does not count
 # as anyone's silence.  An idle controller polls every few milliseconds.
 _DEAF_AFTER = 0.25
+#: Seconds the other workers of a host have to be heard from, after a PING, once a process of that host was
+#: declared dead with no word from the host (see the module's docstring); the controller's own deafness is not
+#: counted.  The frozen host of tests/slurm is then found 2.30-2.48 s after the freeze, not 5.7-6 s.
+HOST_ANSWER = 0.5
+# How a death's cause begins when nothing came from the dead process's host: ULFM's report that no host
+# watcher's EXITED completed (``Controller.settle_mpi_report``), or the heartbeat timeout.
+_NO_WORD = ("reported failed by MPI", "stopped answering:")
 #: A silent same-host worker that used at least this share of one core since
 #: it went quiet is busy, not hung (a worker's native heartbeat uses the same share).
 BUSY_CPU = 0.1
@@ -271,6 +294,10 @@ class Liveness:
         self._pids: dict[Addr, int] = {}
         # a quiet same-host worker: addr -> (its last_heard then, CPU seconds, when)
         self._quiet: dict[Addr, tuple[float, float, float]] = {}
+        # every watched worker's host
+        self._hosts: dict[Addr, str] = {}
+        # a host suspected lost: host -> (when its workers were PINGed, deadline, the dead one, the PINGed)
+        self._suspects: dict[str, tuple[float, float, Addr, list[Addr]]] = {}
         #: statistics: seconds of the controller's own deafness credited to every worker
         self.deaf_seconds = 0.0
         #: statistics: silent same-host workers found busy, not dead
@@ -279,6 +306,7 @@ class Liveness:
     def watch(self, addr: Addr, pid: int, host: str) -> None:
         """Start watching a worker (after its hello)."""
         self.last_heard[addr] = self._clock()
+        self._hosts[addr] = host
         if not pid or host != self.rt.host or not hasattr(os, "pidfd_open"):
             return  # another node: heartbeats only
         try:
@@ -300,6 +328,7 @@ class Liveness:
     def forget(self, addr: Addr) -> None:
         """Stop watching (the worker said BYE, or is known dead)."""
         self.last_heard.pop(addr, None)
+        self._hosts.pop(addr, None)
         self._pinged.pop(addr, None)
         self._pids.pop(addr, None)
         self._quiet.pop(addr, None)
@@ -326,6 +355,8 @@ class Liveness:
         if credit <= 0:
             return
         self.deaf_seconds += credit
+        for host, (asked, deadline, dead, pinged) in list(self._suspects.items()):
+            self._suspects[host] = (asked, deadline + credit, dead, pinged)
         heard, quiet = self.last_heard, self._quiet
         for addr, when in list(heard.items()):
             heard[addr] = later = min(now, when + credit)
@@ -334,8 +365,11 @@ class Liveness:
                 quiet[addr] = (later, noted[1], noted[2])  # the same silence
 
     def check(self) -> None:
-        """Declare dead every watched process that has exited (cheap: one poll(2))."""
-        self.listen(self._clock())
+        """Declare dead every watched process that has exited, and the silent of a suspected host (cheap)."""
+        now = self._clock()
+        self.listen(now)
+        if self._suspects:
+            self._settle_suspects(now)
         if not self._fds:
             return
         for fd, _ in self._poller.poll(0):
@@ -344,6 +378,48 @@ class Liveness:
                 status = exit_status(fd, self._pids.get(addr, 0))  # while the pidfd is still open
                 self.forget(addr)
                 self.rt.failures.declare_dead(addr, self.cause(addr, status))
+
+    def lost(self, addr: Addr, cause: str) -> None:
+        """``addr`` was declared dead for ``cause``: stop watching it, and suspect its host if nothing came from it.
+
+        Only for another host: the other workers of that host are PINGed now,
+        and :meth:`check` declares dead, :data:`HOST_ANSWER` seconds later,
+        those not heard from since.
+        """
+        host = self._hosts.get(addr)
+        self.forget(addr)
+        if host is None or host == self.rt.host or host in self._suspects or not cause.startswith(_NO_WORD):
+            return
+        mates = [a for a, h in self._hosts.items() if h == host]
+        if not mates:
+            return
+        asked = self._clock()
+        for mate in mates:
+            self._pinged[mate] = asked
+            self._ping += 1
+            try:
+                self.rt.router.send_quiet(mate, protocol.ping(self._ping))
+            except ConnectionError:
+                pass
+        self._suspects[host] = (asked, asked + HOST_ANSWER, addr, mates)
+        debug(f"process {addr[0]}.{addr[1]} of {host} died with no word from {host}: "
+              f"PINGed its {len(mates)} other workers", self.rt.addr)
+
+    def _settle_suspects(self, now: float) -> None:
+        # Declare dead the PINGed workers of a suspected host that were not heard from by the deadline.
+        for host, (asked, deadline, dead, pinged) in list(self._suspects.items()):
+            if now < deadline:
+                continue
+            for mate in pinged:
+                heard = self.last_heard.get(mate)
+                if heard is None or heard > asked:
+                    continue  # declared dead meanwhile, or it answered: alive
+                self.forget(mate)
+                self.rt.failures.declare_dead(
+                    mate, f"stopped answering with its host {host}: nothing came from it within {HOST_ANSWER:g} s "
+                    f"of a PING once process {dead[0]}.{dead[1]} of {host} had died with no word from that host "
+                    "(a lost or frozen host)")
+            del self._suspects[host]  # after the declarations: theirs must not make {host} a suspect again
 
     def heartbeat(self) -> None:
         """PING quiet workers; declare dead those silent past the timeout."""

@@ -25,7 +25,7 @@ import pytest
 from mpitest import EXIT_BOUND, python_cmd
 
 from mpimesh._core.protocol import Frame
-from mpimesh._roles.liveness import Liveness, progress
+from mpimesh._roles.liveness import HOST_ANSWER, Liveness, progress
 
 Addr = tuple[int, int]
 
@@ -231,6 +231,75 @@ def test_progress_of_a_stopped_process_and_of_none() -> None:
             child.kill()
             child.wait(10)
     assert progress(child.pid) is None
+
+
+# ---------------------------------------------------------------------------
+# a silent host: one death with no word from it, and its other workers are asked (issue #27 item 6)
+
+#: a death ULFM reported with no word from the dead process's host
+NO_WORD = "reported failed by MPI (MPI_ERR_PROC_FAILED)"
+
+
+def _host(lv: Liveness, host: str, n: int) -> list[Addr]:
+    addrs = [(1, i) for i in range(n)]
+    for addr in addrs:
+        lv.watch(addr, 0, host)
+    return addrs
+
+
+def test_the_silent_workers_of_a_host_go_with_its_dead_one() -> None:
+    """A frozen host: one process reported failed, the host's others are PINGed and die HOST_ANSWER later."""
+    lv, clock, rt = make()
+    dead, *mates = _host(lv, "far", 3)
+    lv.watch((2, 0), 0, "other")
+    lv.lost(dead, NO_WORD)
+    start = clock.now
+    assert {dest for dest, _ in rt.router.sent} == set(mates)
+    listen(lv, clock, HOST_ANSWER + 2 * STEP)  # less than TIMEOUT: not the heartbeats' verdict
+    assert set(rt.failures.dead) == set(mates)  # not the worker of the other host
+    for addr in mates:
+        when, cause = rt.failures.dead[addr]
+        assert start + HOST_ANSWER <= when <= start + HOST_ANSWER + 2 * STEP
+        assert cause.startswith("stopped answering with its host far: ") and "process 1.0 of far" in cause, cause
+
+
+def test_a_host_that_answers_loses_nobody_else() -> None:
+    """A single death on a live host: its other workers answer the PING, and nobody else is declared dead."""
+    lv, clock, rt = make()
+    dead, *mates = _host(lv, "far", 3)
+    lv.lost(dead, NO_WORD)
+    clock.now += STEP
+    for addr in mates:  # what the wire does with their echoes
+        lv.last_heard[addr] = clock.now
+    listen(lv, clock, HOST_ANSWER + 2 * STEP)
+    assert rt.failures.dead == {}
+
+
+@pytest.mark.parametrize(("host", "cause"), [
+    ("far", "killed by signal 9 (SIGKILL)"),  # the host's watcher saw the exit: the host is alive
+    ("here", NO_WORD),  # the controller's own host is not lost while the controller runs
+])
+def test_no_host_suspected(host: str, cause: str) -> None:
+    """A death whose host spoke (an exit cause), or on the controller's host, makes no host suspect."""
+    lv, clock, rt = make()
+    dead, *_ = _host(lv, host, 3)
+    lv.lost(dead, cause)
+    assert rt.router.sent == []
+    listen(lv, clock, HOST_ANSWER + 2 * STEP)
+    assert rt.failures.dead == {}
+
+
+def test_the_controllers_deafness_is_not_the_hosts_silence() -> None:
+    """A deaf spell of the controller while it waits for the answers extends the wait."""
+    lv, clock, rt = make()
+    dead, mate = _host(lv, "far", 2)
+    lv.lost(dead, NO_WORD)
+    clock.now += 30 * HOST_ANSWER  # deaf: the echo may sit unread
+    lv.check()
+    assert rt.failures.dead == {}
+    lv.last_heard[mate] = clock.now + STEP  # read at the next poll
+    listen(lv, clock, HOST_ANSWER + 2 * STEP)
+    assert rt.failures.dead == {}
 
 
 # ---------------------------------------------------------------------------
