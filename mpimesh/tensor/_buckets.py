@@ -66,6 +66,16 @@ class GradBuckets:
         self._started: list[tuple[Any, list[tuple[DTensor, DTensor]]]] = []
         self._queued = False
 
+    def reset(self, *_: Any) -> None:
+        """Forget a backward pass that raised before its end (a forward pre-hook: each step starts clean).
+
+        Its started buckets are never waited for here; their sums land in
+        flat tensors nobody reads, freed with their handles.
+        """
+        self._ready = [{} for _ in self.buckets]
+        self._started = []
+        self._queued = False
+
     def hook(self, param: torch.Tensor) -> None:
         """After ``param``'s gradient accumulated: count it in its bucket, and start the bucket once full."""
         grad = param.grad

@@ -117,6 +117,7 @@ def module_to_mesh(module: torch.nn.Module, mesh: Any, plan: Mapping[str, Any] |
     buckets = GradBuckets(synchronized, dp, int(bucket_cap_mb * (1 << 20)))
     for param in synchronized:
         param.register_post_accumulate_grad_hook(buckets.hook)  # type: ignore[no-untyped-call]
+    module.register_forward_pre_hook(buckets.reset)
     if shard_inputs:
         module.register_forward_pre_hook(lambda m, args, kwargs: _shard_inputs(mesh, dp, args, kwargs),
                                           with_kwargs=True)
