@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._torchmpi import _world as _mpi_world
 from ..actor import Actor, endpoint
 from ..context import context
 from ..errors import MeshInternalError
-from . import _address, _mpi_world
+from . import _address
 
 __all__ = ["SPMDActor", "world_env"]
 

@@ -21,9 +21,9 @@ def register_mpi_backend() -> str:
     backend="mpimesh")`` calls it on every process of ``procs``; calling it
     again does nothing.  Imports torch.
     """
-    from . import _mpi_backend
+    from .._torchmpi import _backend
 
-    return _mpi_backend.register()
+    return _backend.register()
 
 
 def init_mpi_process_group(timeout: timedelta | None = None, **kwargs: Any) -> Any:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from .._torchmpi._world import backend_choice
 from ..proc_mesh import ProcMesh
 from ..value_mesh import ValueMesh
 from ._actor import SPMDActor, _check_master
 from ._address import check_family
-from ._mpi_world import backend_choice
 
 __all__ = ["default_backend", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
 

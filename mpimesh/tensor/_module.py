@@ -11,9 +11,10 @@ dimensions, and a plan shards chosen ``Linear`` layers over one mesh
 dimension column-wise (output features, ``Shard(0)`` of the weight) or
 row-wise (input features, ``Shard(1)``), as torch's ``ColwiseParallel`` and
 ``RowwiseParallel`` do.  A replicated parameter's gradient comes out of the
-backward pass partial over the data-parallel dimensions; a hook after its
-accumulation all-reduces it to the parameter's placements, so every process
-steps with the same gradient (DDP's synchronization).
+backward pass partial over the data-parallel dimensions; it is all-reduced
+to the parameter's placements in buckets started during the backward pass
+and waited for at its end (:mod:`._buckets`, DDP's synchronization), so
+every process steps with the same gradient.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from typing import Any
 import torch
 from torch.distributed.tensor import Replicate as _TorchReplicate
 from torch.distributed.tensor import Shard as _TorchShard
-from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
 from . import _mesh
-from ._dtensor import DTensor, _redistributed, distribute_global
+from ._buckets import DEFAULT_BUCKET_CAP_MB, GradBuckets
+from ._dtensor import DTensor, distribute_global
 from ._handle import Tensor
 
 __all__ = ["module_to_mesh"]
@@ -49,7 +50,8 @@ def _style(value: Any) -> str:
 
 
 def module_to_mesh(module: torch.nn.Module, mesh: Any, plan: Mapping[str, Any] | None = None, *,
-                   tp_dim: str | None = None, shard_inputs: bool = True) -> torch.nn.Module:
+                   tp_dim: str | None = None, shard_inputs: bool = True,
+                   bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> torch.nn.Module:
     """Put ``module``'s parameters and buffers on ``mesh`` as global-view tensors; returns ``module``.
 
     Blocks until the mesh's torch.distributed world exists (the first time
@@ -67,10 +69,15 @@ def module_to_mesh(module: torch.nn.Module, mesh: Any, plan: Mapping[str, Any] |
             ``module(...)`` by their first dimension over the data-parallel
             dimensions, as a data loader per rank would (left whole when the
             size does not divide).
+        bucket_cap_mb: the gradients summed over the data-parallel
+            dimensions go in buckets of about this many MiB (of whole
+            parameters), each all-reduced as one tensor as soon as all its
+            gradients exist (DDP's ``bucket_cap_mb``, default 25); 0: one
+            bucket per parameter.
 
     Raises:
         TypeError: ``module`` is not a Module, or ``mesh`` not a process mesh.
-        ValueError: an unknown plan entry, submodule or dimension.
+        ValueError: an unknown plan entry, submodule or dimension, or a negative ``bucket_cap_mb``.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module_to_mesh: expected a torch.nn.Module, got {type(module).__name__}")
@@ -83,11 +90,14 @@ def module_to_mesh(module: torch.nn.Module, mesh: Any, plan: Mapping[str, Any] |
         tp_dim = labels[-1]
     if tp_dim is not None and tp_dim not in labels:
         raise ValueError(f"module_to_mesh: tp_dim {tp_dim!r} is not a dimension of {mesh!r} {list(labels)}")
+    if not isinstance(bucket_cap_mb, (int, float)) or bucket_cap_mb < 0:
+        raise ValueError(f"module_to_mesh: bucket_cap_mb must be a number of MiB >= 0, got {bucket_cap_mb!r}")
     styles = {name: _style(value) for name, value in plan.items()}
     submodules = dict(module.named_modules())
     for name in styles:
         if name not in submodules:
             raise ValueError(f"module_to_mesh: the plan names {name!r}, which is not a submodule of the model")
+    synchronized: list[torch.nn.Parameter] = []
     for owner_name, owner in submodules.items():
         style = styles.get(owner_name)
         for pname, param in list(owner.named_parameters(recurse=False)):
@@ -99,24 +109,20 @@ def module_to_mesh(module: torch.nn.Module, mesh: Any, plan: Mapping[str, Any] |
             new = torch.nn.Parameter(handle, requires_grad=param.requires_grad)
             owner._parameters[pname] = new
             if new.requires_grad:
-                new.register_post_accumulate_grad_hook(_synchronize)  # type: ignore[no-untyped-call]
+                synchronized.append(new)
         for bname, buffer in list(owner.named_buffers(recurse=False)):
             if buffer is not None:
                 owner._buffers[bname] = distribute_global(buffer, mesh, [_TorchReplicate() for _ in labels])
+    dp = [i for i, label in enumerate(labels) if label != tp_dim]
+    buckets = GradBuckets(synchronized, dp, int(bucket_cap_mb * (1 << 20)))
+    for param in synchronized:
+        param.register_post_accumulate_grad_hook(buckets.hook)  # type: ignore[no-untyped-call]
+    module.register_forward_pre_hook(buckets.reset)
     if shard_inputs:
-        dp = [i for i, label in enumerate(labels) if label != tp_dim]
         module.register_forward_pre_hook(lambda m, args, kwargs: _shard_inputs(mesh, dp, args, kwargs),
                                           with_kwargs=True)
     module.register_state_dict_post_hook(_gather_state)  # type: ignore[no-untyped-call]
     return module
-
-
-def _synchronize(param: torch.Tensor) -> None:
-    """After a parameter's gradient accumulated: bring it to the parameter's placements (a partial sum is reduced)."""
-    grad = param.grad
-    if isinstance(param, DTensor) and isinstance(grad, DTensor) and grad.placements != param.placements:
-        spec = DTensorSpec(grad._spec.mesh, param.placements, grad._spec.tensor_meta)
-        param.grad = _redistributed(grad, spec)
 
 
 def _shard_inputs(mesh: Any, dp: list[int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

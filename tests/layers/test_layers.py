@@ -28,6 +28,12 @@ Tools built on the public API alone sit above it, each a package of its own
 (``spmd``: torch.distributed inside actors); ``mpimesh/__init__`` does not
 re-export them.
 
+``_torchmpi`` (the ``"mpimesh"`` torch.distributed backend, collectives on
+MPI) sits between the public API and both its users: ``spmd`` re-exports its
+entry points, and the tensor engine's global-view tensors run their
+``DeviceMesh`` on it.  It needs MPI and torch only (and the public API), so
+that neither user has to import the other.
+
 ``_launch`` runs before MPI is initialised and imports none of the runtime;
 its pure helpers (parsing an MPI library's version string) may be used below.
 
@@ -50,6 +56,8 @@ LEAVES = {"shape", "_shape_checks", "_shape_points", "value_mesh", "future", "er
           "config", "_version", "transport_names", "rma_backend", "_waits", "exceptions"}
 PUBLIC = {"actor", "actor_mesh", "proc_mesh", "channel", "rma", "debug", "distributed", "_dashboard"}
 TOOLS = {"spmd"}
+#: The MPI backend of torch.distributed: below the tensor engine and the tools, which both use it.
+TORCHMPI = "_torchmpi"
 
 #: layer -> the layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
@@ -59,11 +67,12 @@ ALLOWED: dict[str, set[str]] = {
     "_core": {"_data", "_transport", "_launch", "leaf"},
     "_roles": {"_core", "_data", "_transport", "_launch", "leaf"},
     "public": {"_core", "_data", "leaf"},
-    "tensor": {"public", "leaf"},
+    "tensor": {"public", "leaf", TORCHMPI},
+    TORCHMPI: {"public", "leaf"},
     "_launch": {"leaf"},
     "__init__": {"public", "leaf"},
     "__main__": {"_launch", "_roles", "_core", "_transport", "leaf"},
-    "tools": {"public", "leaf"},
+    "tools": {"public", "leaf", TORCHMPI},
 }
 
 #: Lazy imports (inside a function) into the tensor engine from the layers below it: the
@@ -86,13 +95,13 @@ TENSOR_BELOW = {
     ("mpimesh.tensor._handle", "mpimesh._core.serialize"),
 }
 
-#: spmd's MPI backend for torch.distributed runs MPI collectives on communicators of its own (MPI
+#: The MPI backend for torch.distributed runs MPI collectives on communicators of its own (MPI
 #: itself, with the runtime's lock around dynamic-process calls), on CUDA memory where MPI is CUDA-aware.
-TOOLS_BELOW = {
-    ("mpimesh.spmd._mpi_world", "mpimesh._transport.mpi"),
-    ("mpimesh.spmd._mpi_work", "mpimesh._transport.mpi"),
-    ("mpimesh.spmd._mpi_backend", "mpimesh._transport.mpi"),
-    ("mpimesh.spmd._mpi_backend", "mpimesh._data.buffers"),
+TORCHMPI_BELOW = {
+    ("mpimesh._torchmpi._world", "mpimesh._transport.mpi"),
+    ("mpimesh._torchmpi._work", "mpimesh._transport.mpi"),
+    ("mpimesh._torchmpi._backend", "mpimesh._transport.mpi"),
+    ("mpimesh._torchmpi._backend", "mpimesh._data.buffers"),
 }
 
 #: The largest import cycle allowed: a module and the one that boots it on first use.
@@ -150,6 +159,8 @@ def layer(name: str) -> str:
         return "tensor"
     if top in TOOLS:
         return "tools"
+    if top == TORCHMPI:
+        return TORCHMPI
     if top in {"__main__", "_transport", "_data", "_core", "_roles", "_launch"}:
         return top
     if top == "_native":
@@ -299,7 +310,7 @@ def test_imports_point_down() -> None:
         for target in sorted(targets):
             theirs = layer(target)
             exempt = ((name, target) == HUB or (name, target) in TENSOR_ENTRIES or (name, target) in TENSOR_BELOW
-                      or (name, target) in TOOLS_BELOW)
+                      or (name, target) in TORCHMPI_BELOW)
             if theirs != mine and theirs not in ALLOWED[mine] and target != "mpimesh" and not exempt:
                 wrong.append(f"{name} ({mine}) imports {target} ({theirs})")
     assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
@@ -326,7 +337,7 @@ def test_tensor_entries_are_lazy() -> None:
 def test_tensor_exemptions_are_imports() -> None:
     """Every exempted tensor edge is an import the code makes, so the lists shrink with the code."""
     edges = graph()
-    stale = sorted((a, b) for a, b in TENSOR_ENTRIES | TENSOR_BELOW | TOOLS_BELOW if b not in edges[a])
+    stale = sorted((a, b) for a, b in TENSOR_ENTRIES | TENSOR_BELOW | TORCHMPI_BELOW if b not in edges[a])
     assert not stale, f"exemptions for imports that no longer exist: {stale}"
 
 

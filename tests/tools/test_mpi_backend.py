@@ -287,7 +287,7 @@ def test_reduce_ops_and_dtypes() -> None:
     import torch
     import torch.distributed as dist
 
-    from mpimesh.spmd._mpi_backend import _op
+    from mpimesh._torchmpi._backend import _op
 
     assert _op(dist.ReduceOp.AVG, torch.float32)[1] is True
     assert _op(dist.ReduceOp.SUM, torch.float32)[1] is False

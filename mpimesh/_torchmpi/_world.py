@@ -1,9 +1,10 @@
 """The MPI communicators under the ``"mpimesh"`` torch.distributed backend: who the world is, and joining it.
 
-``setup_torch_elastic_env`` tells each process of the mesh which process
-mesh its torch.distributed world is (:func:`remember`): the backend watches
-those processes while a collective waits (a dead one fails the collective
-at once instead of hanging it).  The world's communicator is made when the
+Whoever makes a process a rank of a torch.distributed world tells it which
+processes the world is (:func:`remember`: ``setup_torch_elastic_env`` gives
+its process mesh, the tensor engine the mesh of its global-view tensors):
+the backend watches those processes while a collective waits (a dead one
+fails the collective at once instead of hanging it).  The world's communicator is made when the
 default process group is, from the rendezvous store torch gives every
 backend: each rank posts its MPI address (``(MPI world, rank)``); ranks of
 one MPI world (the launch pool, or one spawn) get a sub-communicator of
@@ -17,12 +18,12 @@ are torch's ranks.  This module imports no torch.
 from __future__ import annotations
 
 import threading
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from .._transport.mpi import MPI, dynamic
-from ..proc_mesh import ProcMesh, this_proc
+from ..context import context
 
-__all__ = ["World", "backend_choice", "join", "remember", "subgroup", "world"]
+__all__ = ["Liveness", "World", "backend_choice", "forget", "join", "remember", "subgroup", "world"]
 
 Addr = tuple[int, int]
 
@@ -31,8 +32,15 @@ _WORLD_TAG = 7801
 _GROUP_TAG = 7802
 
 
+class Liveness(Protocol):
+    """The processes of a world, as the backend watches them: a :class:`mpimesh.ProcMesh` in rank order is one."""
+
+    def dead(self) -> dict[int, str]:
+        """The world ranks known dead, each with the report of its death."""
+
+
 class World:
-    """The process mesh of this process's torch.distributed world, and its backend choice.
+    """The processes of this process's torch.distributed world, and its backend choice.
 
     Args:
         mesh: the world's processes in rank order (``setup_torch_elastic_env``'s mesh).
@@ -41,7 +49,7 @@ class World:
             (None: nccl or gloo by device).
     """
 
-    def __init__(self, mesh: ProcMesh, rank: int, backend: str | None) -> None:
+    def __init__(self, mesh: Liveness, rank: int, backend: str | None) -> None:
         self.mesh = mesh
         self.rank = rank
         self.backend = backend
@@ -58,10 +66,17 @@ _lock = threading.Lock()
 _world: list[World] = []  # at most one: the last world this process was set up for
 
 
-def remember(mesh: ProcMesh, rank: int, backend: str | None) -> None:
-    """This process is rank ``rank`` of the world ``mesh`` (``setup_torch_elastic_env`` calls it)."""
+def remember(mesh: Liveness, rank: int, backend: str | None) -> None:
+    """This process is rank ``rank`` of the world ``mesh`` (``setup_torch_elastic_env`` and the engine call it)."""
     with _lock:
         _world[:] = [World(mesh, rank, backend)]
+
+
+def forget(mesh: Liveness) -> None:
+    """The world of ``mesh`` ended (its default group was destroyed): this process is in none now."""
+    with _lock:
+        if _world and _world[0].mesh is mesh:
+            _world.clear()
 
 
 def world() -> World | None:
@@ -98,7 +113,9 @@ def join(store: Any, rank: int, size: int, timeout_s: float) -> MPI.Intracomm:
         RuntimeError: this process is not an mpimesh process, or the store
             gave no address of a rank within its timeout.
     """
-    me = cast(Addr, tuple(this_proc().addresses[0]))
+    # this process's ProcMesh through the context (a value leaf): the proc_mesh module sits on
+    # the tensor engine's lazy way in, and an import of it from here would close a circle
+    me = cast(Addr, tuple(context().actor_instance.proc.addresses[0]))
     store.set(f"mpimesh/addr/{rank}", f"{me[0]} {me[1]}")
     addrs: list[Addr] = []
     for r in range(size):

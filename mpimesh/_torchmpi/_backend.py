@@ -5,11 +5,11 @@
 
 ``torch.distributed.init_process_group("mpimesh")`` on every process of a
 world set up by ``setup_torch_elastic_env`` makes one communicator among
-them (``_mpi_world.join``); ``new_group`` and DeviceMesh dimensions get
+them (``_world.join``); ``new_group`` and DeviceMesh dimensions get
 sub-communicators of it.  Every collective runs straight on the tensors'
 memory (NumPy views; CUDA tensors as themselves under a CUDA-aware MPI, else
 through a host copy) as a nonblocking MPI call, finished by the group's
-progress thread (``_mpi_work``).  What DDP, FSDP2 and DTensor use is here:
+progress thread (``_work``).  What DDP, FSDP2 and DTensor use is here:
 all-reduce (sum, avg, product, min, max, band, bor, bxor), broadcast,
 reduce, all-gather (lists, single tensors, coalesced), reduce-scatter
 (lists, single tensors, coalesced), all-to-all (lists, single tensors with
@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from .._data.buffers import cuda_support
 from .._transport.mpi import MPI
-from . import _mpi_world
-from ._mpi_work import MPIWork, Progress
+from . import _world
+from ._work import MPIWork, Progress
 
 __all__ = ["BACKEND", "MPIProcessGroup", "register"]
 
@@ -138,7 +138,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._group_desc = ""
 
     def _dead(self) -> dict[int, str]:
-        world = _mpi_world.world()
+        world = _world.world()
         if world is None:
             return {}
         dead = world.dead(self.world_ranks)
@@ -516,13 +516,13 @@ def _create(common: Any, backend_options: Any) -> MPIProcessGroup:
     timeout = common.timeout if isinstance(common.timeout, timedelta) else timedelta(minutes=30)
     ranks = list(common.global_ranks_in_group)
     if not dist.is_initialized():  # the default group being made
-        comm = _mpi_world.join(common.store, common.group_rank, common.group_size, timeout.total_seconds())
+        comm = _world.join(common.store, common.group_rank, common.group_size, timeout.total_seconds())
         return MPIProcessGroup(comm, list(range(common.group_size)), timeout, str(common.group_id))
     parent = dist.group.WORLD
     if not isinstance(parent, MPIProcessGroup):
         raise RuntimeError(f"mpimesh backend: new_group(backend='mpimesh') needs a default group of the mpimesh "
                            f"backend, got {parent!r}; init_process_group('mpimesh') first")
-    comm = _mpi_world.subgroup(parent.comm, ranks or list(range(parent.size())))
+    comm = _world.subgroup(parent.comm, ranks or list(range(parent.size())))
     return MPIProcessGroup(comm, ranks or list(range(parent.size())), timeout, str(common.group_id))
 
 
