@@ -6,10 +6,15 @@ no automatic abort), and offers the few process-wide facts the runtime needs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import mpi4py
 
@@ -100,7 +105,7 @@ mpi4py.rc.errors = "exception"
 
 from mpi4py import MPI  # noqa: E402
 
-__all__ = ["MPI", "dynamic", "hostname", "library", "loaded_libmpi", "world", "parent"]
+__all__ = ["MPI", "alone", "dynamic", "keep_alone", "hostname", "library", "loaded_libmpi", "world", "parent"]
 
 #: Held around this process's calls to MPI's dynamic process management that
 #: return at once or soon (``MPI_Comm_spawn``, a ``MPI_Comm_connect`` to a
@@ -110,6 +115,37 @@ __all__ = ["MPI", "dynamic", "hostname", "library", "loaded_libmpi", "world", "p
 #: controller's connect beside a spawn; docs/design/transport.md).  An
 #: ``MPI_Comm_accept``, which can wait for ever, is made without it.
 dynamic = threading.Lock()
+
+
+class _Quiet(Protocol):
+    def alone(self) -> AbstractContextManager[None]: ...
+
+
+#: what :func:`alone` keeps from MPI: this process's routers (one, but for tests that run two)
+_quiet: weakref.WeakSet[_Quiet] = weakref.WeakSet()
+_alone_lock = threading.Lock()  # two callers of alone() take the routers' locks one after the other
+
+
+def keep_alone(router: _Quiet) -> None:
+    """Have :func:`alone` hold ``router``'s locks (a router, when it is made)."""
+    _quiet.add(router)
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """No MPI call from the runtime's other threads while this one makes a communicator.
+
+    Open MPI 5 (ULFM) waits for ever in ``MPI_Comm_create_from_group``'s
+    activation (``ompi_comm_activate``) in about a third of the tries when
+    another thread of the process polls ``MPI_COMM_WORLD`` meanwhile, as
+    the wire does (docs/design/tensor.md, "Heal and shrink").  Holds each
+    router's locks (:meth:`~.router.Router.alone`); without a router (a bare
+    script, a unit test) there is nothing to hold.
+    """
+    with _alone_lock, contextlib.ExitStack() as stack:
+        for router in list(_quiet):
+            stack.enter_context(router.alone())
+        yield
 
 
 def hostname() -> str:

@@ -21,14 +21,15 @@ choices are in docs/design/transport.md.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .buffers import layout
 from .frames import CONTROLLER, Addr, Frame, forward, mark
 from .links import NO_BUFFERS, Link
-from .mpi import MPI
+from .mpi import MPI, keep_alone
 from .wire import Wire
 
 __all__ = ["Addr", "Router", "CONTROLLER"]
@@ -73,6 +74,7 @@ class Router:
         self._marked: set[Addr] = set()
         #: statistics: frames this process relayed for others (the controller's FORWARDs)
         self.relayed = 0
+        keep_alone(self)
 
     # -- islands and the relay ---------------------------------------------
 
@@ -158,6 +160,17 @@ class Router:
                 self._marked.add(peer)
             else:
                 self.wire.add_link(link)
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Hold both of the wire's locks: no other thread of the runtime makes an MPI call meanwhile.
+
+        For :func:`.mpi.alone` (a communicator made where Open MPI 5 does
+        not survive another thread's progress).  The receiving lock first,
+        as the pollers take them.
+        """
+        with self.exclusive(), self._send_lock:
+            yield
 
     def drop_peer(self, peer: Addr) -> MPI.Comm | None:
         """Stop sending to and polling ``peer``'s direct link (it died or left); returns its communicator.

@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 
 from .._data.buffers import cuda_support
-from .._transport.mpi import MPI
+from .._transport.mpi import MPI, alone
 from ..rma import empty_fast
 
 __all__ = ["Communicators", "broadcast", "reduce"]
@@ -67,7 +67,11 @@ class Communicators:
         island's part is made with ``MPI_Comm_create_from_group`` under that
         tag instead, which involves the members only; under ULFM
         ``MPI_Comm_create_group`` fails with ``MPI_ERR_PROC_FAILED`` once
-        the world holds a dead process, even for a group without it.
+        the world holds a dead process, even for a group without it.  That
+        call is made while no other thread of the runtime calls MPI
+        (:func:`mpimesh._transport.mpi.alone`): beside the
+        wire's polling, Open MPI 5 waits for ever in its activation in
+        about a third of the tries.
         """
         comm = self._comms.get(members)
         if comm is None:
@@ -80,7 +84,8 @@ class Communicators:
         group = world.Get_group().Incl(ranks)
         try:
             if tag:
-                return MPI.Intracomm.Create_from_group(group, f"{tag}:{island}")
+                with alone():
+                    return MPI.Intracomm.Create_from_group(group, f"{tag}:{island}")
             return world.Create_group(group, tag=7713)
         finally:
             group.Free()

@@ -10,7 +10,9 @@ tests/slurm's).  The script catches the failed step and heals the mesh from
 H1's spares (the parameters and momentum re-sent from a survivor with
 ``broadcast_``), or shrinks it to H1's workers; training finishes with the
 loss of a run without the failure, and the job ends with status 0, leaving
-nothing on either host.
+nothing on either host.  Both cases hung in about a third of runs until the
+engine made its communicators after a death with the wire's locks held
+(docs/design/tensor.md, "Heal and shrink"; tests/tensor/test_comm_from_group.py).
 """
 
 from __future__ import annotations
@@ -44,17 +46,7 @@ def kill_workers(host: str) -> list[int]:
     return killed
 
 
-#: Known, located, not yet fixed: after a death across hosts the engine's next communicator is made with
-#: MPI_Comm_create_from_group, whose PMIx group construct never completes in about a third of runs (heal
-#: and shrink alike; py-spy shows every member of the group waiting in it; docs/design/tensor.md, "Heal
-#: and shrink"). A hung run leaves PRRTE's daemon behind and fails the next hosts test with it, so the
-#: case is not run until the communicators are made another way (issue #27).
-HANGS = pytest.mark.xfail(run=False, reason="after a death across hosts, MPI_Comm_create_from_group hangs in about "
-                          "a third of runs (docs/design/tensor.md, 'Heal and shrink')")
-
-
 @pytest.mark.timeout(240)
-@HANGS
 @pytest.mark.parametrize("how", ["heal", "shrink"])
 def test_elastic_training_survives_the_other_host(how: str) -> None:
     """The other host's workers die together; healed from this host's spares (or shrunk), same final loss."""
