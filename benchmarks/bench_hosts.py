@@ -20,7 +20,10 @@ the same link (TCP over a veth pair and a bridge), in the same job.
   and its ``rawfirst`` job: raw mpi4py's own first 64 MiB ``Send`` (into a
   fresh buffer, over an unused link) against its steady ones, in a job of
   its own.  Targets: >= 0.8x raw, first <= 2x steady.  ``--only first``
-  runs these two jobs alone with a 32 MiB argument (issue 30's measure).
+  runs these jobs alone with a 32 MiB argument (issue 30's measure).  The
+  ``first`` job runs twice: as it is, then without the worker's warm
+  receive block (``MPIMESH_RECV_WARM_BYTES=0``, the ``-nowarm`` rows); it
+  reports the worker's minor page faults in its first two calls.
 * X6: ``bench_b6.py`` as it is (``RDMABuffer.read_into`` of 64 MiB against
   ``Win.Allocate`` + ``Get``); and this file's ``rdma`` job: the same reads,
   then as many ``write_from`` of 64 MiB, against a raw ``Send``/``Recv`` of
