@@ -247,9 +247,9 @@ def warm(nbytes: int) -> threading.Thread | None:
     """Fault in one receive block of ``nbytes`` in a thread of its own; the thread, or None if ``nbytes`` is 0.
 
     A fresh block costs its receive the kernel's zeroing of every page as
-    the data lands (32 MiB of huge pages: 3-15 ms, more under load), the
-    largest part of what a first large argument across hosts pays over a
-    steady one.  The block then serves the first receive of 2 MiB or more
+    the data lands (32 MiB of huge pages: 9-16 ms on the loaded 2-core
+    VM), the largest part of what a first large argument across hosts pays
+    over a steady one.  The block then serves the first receive of 2 MiB or more
     and up to ``nbytes`` that finds no idle block of its own size; once
     that receive's buffer is dropped, it is reused as any other block.
     Memory: ``nbytes`` rounded up to 2 MiB, resident in the process from
