@@ -20,7 +20,10 @@ the same link (TCP over a veth pair and a bridge), in the same job.
   and its ``rawfirst`` job: raw mpi4py's own first 64 MiB ``Send`` (into a
   fresh buffer, over an unused link) against its steady ones, in a job of
   its own.  Targets: >= 0.8x raw, first <= 2x steady.  ``--only first``
-  runs these two jobs alone with a 32 MiB argument (issue 30's measure).
+  runs these jobs alone with a 32 MiB argument (issue 30's measure).  The
+  ``first`` job runs twice: as it is, then without the worker's warm
+  receive block (``MPIMESH_RECV_WARM_BYTES=0``, the ``-nowarm`` rows); it
+  reports the worker's minor page faults in its first two calls.
 * X6: ``bench_b6.py`` as it is (``RDMABuffer.read_into`` of 64 MiB against
   ``Win.Allocate`` + ``Get``); and this file's ``rdma`` job: the same reads,
   then as many ``write_from`` of 64 MiB, against a raw ``Send``/``Recv`` of
@@ -88,6 +91,10 @@ def job_first(calls: int, nbytes: int = NB) -> None:
             return None
 
         @endpoint
+        def faults(self) -> int:
+            return minor_faults()
+
+        @endpoint
         def raw_peer(self, nbytes: int, reps: int) -> int:
             return _bulk.sendrecv_peer(MPI.COMM_WORLD, nbytes, reps)
 
@@ -99,10 +106,14 @@ def job_first(calls: int, nbytes: int = NB) -> None:
     one = mesh.slice(gpus=0)
     host, rank = one.where.call_one().get(60)
     times = []
-    for _ in range(calls):
+    faults = []  # the worker's minor page faults in each of the first two calls (and a faults() call)
+    for i in range(calls):
+        before = one.faults.call_one().get(60) if i < 2 else 0
         t = time.perf_counter()
         one.ignore.call_one(x).get(60)
         times.append((time.perf_counter() - t) * 1e3)
+        if i < 2:
+            faults.append(one.faults.call_one().get(60) - before)
     fut = one.raw_peer.call_one(nbytes, calls)
     raw = [s * 1e3 for s in _bulk.sendrecv_root(MPI.COMM_WORLD, rank, x.view(torch.uint8).numpy(), calls)]
     fut.get(120)
@@ -112,7 +123,14 @@ def job_first(calls: int, nbytes: int = NB) -> None:
                       "steady_ms": round(steady, 2), "first_over_steady": round(times[0] / steady, 2),
                       "raw_ms": round(statistics.median(raw[2:]), 2),
                       "ratio": round(statistics.median(raw[2:]) / steady, 2),
+                      "worker_faults_first": faults[0], "worker_faults_second": faults[1],
                       "calls_ms": [round(t, 1) for t in times]}), flush=True)
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (``/proc/self/stat``)."""
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
 def job_rawfirst(calls: int, nbytes: int = NB) -> None:
@@ -244,12 +262,12 @@ def netns_pids(hosts: list[str]) -> list[int]:
     return out
 
 
-def run(cmd: list[str], timeout: float, hosts: list[str], ft: bool = False, kill_host: str | None = None
-        ) -> dict[str, Any]:
+def run(cmd: list[str], timeout: float, hosts: list[str], ft: bool = False, kill_host: str | None = None,
+        extra: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one job bounded, in a session of its own; everything it left in the hosts is killed after."""
     from _common import kill_session, launch_env
 
-    env = launch_env(ULFM_RUNTIME if ft else None)
+    env = launch_env({**(ULFM_RUNTIME if ft else {}), **(extra or {})})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", ""), ROOT) if p)
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=HERE, start_new_session=True)
@@ -320,11 +338,16 @@ def one_run(what: list[str], fl: list[str], hosts: list[str], args: argparse.Nam
         return got
 
     def firsts(bench: str, nbytes: int) -> None:
-        # The first call against the steady ones, then raw mpi4py's own first Send in a job of its own.
+        # The first call against the steady ones (with the worker's warm receive block, then without:
+        # MPIMESH_RECV_WARM_BYTES=0), then raw mpi4py's own first Send in a job of its own.
         size = ["--calls", "12", "--bytes", str(nbytes)]
-        first = job(f"{bench}first", [*pair, __file__, "--job", "first", *size], 300)
-        rows.append({k: first.get(k) for k in ("bench", "spawn_to_initialized_s", "first_ms", "steady_ms",
-                                                "first_over_steady", "raw_ms", "ratio", "error")})
+        for label, warm in (("", None), ("-nowarm", "0")):
+            cmd = [*pair[:1], "-x", "MPIMESH_RECV_WARM_BYTES", *pair[1:]] if warm else pair
+            first = job(f"{bench}first{label}", [*cmd, __file__, "--job", "first", *size], 300,
+                        extra={"MPIMESH_RECV_WARM_BYTES": warm} if warm else None)
+            rows.append({k: first.get(k) for k in ("bench", "spawn_to_initialized_s", "first_ms", "steady_ms",
+                                                    "first_over_steady", "worker_faults_first",
+                                                    "worker_faults_second", "raw_ms", "ratio", "error")})
         raw_pair = [*pair[: pair.index("-m")], __file__, "--job", "rawfirst", *size]
         rawfirst = job(f"{bench}rawfirst", raw_pair, 300)
         rows.append({k: rawfirst.get(k) for k in ("bench", "raw_first_ms", "raw_steady_ms", "raw_first_over_steady",

@@ -57,6 +57,11 @@ class Config:
         batch_frames: Most frames to one process sent as one MPI message when
             they are sent in a burst (``MPIMESH_BATCH_FRAMES``; 1: every
             frame is its own message).  See ``_transport.router``.
+        recv_warm_bytes: A worker whose controller runs on another host
+            faults in a receive block of this many bytes at start, so that
+            its first large argument up to that size lands in memory
+            already faulted in (``MPIMESH_RECV_WARM_BYTES``, 0: off;
+            ``_transport.buffers.warm``).
         rma_windows: Whether an island gets an MPI window for RDMABuffer
             (``MPIMESH_RMA_WINDOWS``): ``auto`` (only if it spans hosts;
             same-host buffers are copied with process_vm_readv), ``always``
@@ -116,6 +121,7 @@ class Config:
     show_waits: float = 0.0
     debug: bool = False
     batch_frames: int = 64
+    recv_warm_bytes: int = 64 << 20
     rma_windows: str = "auto"
     pmix_exit_status: bool = False
     wire: str = "auto"
@@ -173,6 +179,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         show_waits=_number(env, "MPIMESH_SHOW_WAITS", Config.show_waits),
         debug=(_get(env, "MPIMESH_DEBUG") or "0") not in ("", "0", "false", "no"),
         batch_frames=int(_number(env, "MPIMESH_BATCH_FRAMES", Config.batch_frames, minimum=1.0)),
+        recv_warm_bytes=int(_number(env, "MPIMESH_RECV_WARM_BYTES", Config.recv_warm_bytes)),
         rma_windows=_choice(env, "MPIMESH_RMA_WINDOWS", ("auto", "always", "never")),
         pmix_exit_status=(_get(env, "MPIMESH_PMIX_EXIT_STATUS") or "0") not in ("", "0", "false", "no"),
         wire=_choice(env, "MPIMESH_WIRE", ("auto", "native", "mpi4py")),

@@ -89,6 +89,9 @@ class SyncRunner:
                 item = mailbox.popleft()
                 if not handlers[type(item)](item, None):
                     break
+                # Not held while waiting for the next: a call's received
+                # buffers go back to the pool only once nothing refers to them.
+                del item
         except BaseException as exc:  # last resort: never let the thread die silently
             self._crashed(exc, "actor thread")
         finally:
@@ -215,3 +218,4 @@ class AsyncRunner:
                         task.uncancel()
             if not keep:
                 break
+            del item, pending  # (as in SyncRunner._main)

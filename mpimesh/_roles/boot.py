@@ -27,6 +27,7 @@ from .._core import protocol
 from .._core.runtime import Runtime, extend_sys_path
 from .._data.windows import open_island
 from .._transport import native
+from .._transport.buffers import warm
 from .._transport.frames import CONTROLLER
 from .._transport.mpi import MPI
 from ..config import settings
@@ -107,6 +108,8 @@ def boot_pool(world: MPI.Intracomm) -> Worker:
     rt.router.set_relay(0)
     infos = comm.allgather((rt.host, rt.pid))
     rt.controller_host, rt.controller_pid = infos[0]
+    if rt.controller_host != rt.host:
+        warm(settings.recv_warm_bytes)  # for the first large argument (docs/design/data.md)
     start_last_words(rt.controller_pid, rt.addr)
     rt.open_bell()
     extend_sys_path(comm.bcast(None, root=0))

@@ -25,6 +25,7 @@ from .._core.logs import Forwarder, go_local, install_forwarders, warn
 from .._core.ports import OneReply
 from .._core.protocol import CONTROLLER, Frame, Kind, PortRef
 from .._core.runtime import Runtime, extend_sys_path
+from .._transport.buffers import warm
 from .._transport.frames import TAG_FRAME
 from .._transport.mpi import MPI, library
 from ..config import settings
@@ -170,6 +171,8 @@ class Worker(BaseRole):
         _, _, _island, host, pid, path = frame
         rt = self.rt
         rt.controller_host, rt.controller_pid = host, pid
+        if host != rt.host:
+            warm(settings.recv_warm_bytes)  # for the first large argument (docs/design/data.md)
         extend_sys_path(path)
         with rt.cond:
             self.initialized = True

@@ -9,8 +9,11 @@ follows: :func:`layout` writes it, and the receiver takes each buffer into
 Large receive buffers come from a pool of blocks that are reused once nothing
 refers to them any more, so that a steady stream of large messages does not
 pay a page fault per page on every receive (docs/design/transport.md,
-"Receive buffers").  Nothing here imports torch; numpy is imported where it
-is used, so a process that only ever gets small messages never loads it.
+"Receive buffers").  A worker whose controller runs on another host faults
+one block in ahead of time (:func:`warm`), so that the first large argument
+does not pay them either (docs/design/data.md, "First call across hosts").
+Nothing here imports torch; numpy is imported where it is used, so a
+process that only ever gets small messages never loads it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["HUGE_PAGE", "POOL_LIMIT_BYTES", "PoolStatistics", "copy_buffer", "huge_block", "layout", "pieces",
-           "pool_statistics", "recv_buffer"]
+           "pool_statistics", "recv_buffer", "warm"]
 
 _PAGE = 4096
 
@@ -88,6 +91,9 @@ class _Pool:
         self.hits = 0
         self.misses = 0
         self._idle_refs = 0  # measured on first use (it needs numpy)
+        # The block warm() faulted in: it may serve a receive of any pooled
+        # size, not only one within 2x of its own (see take()).
+        self._warm: np.ndarray | None = None
 
     def _calibrate(self) -> int:
         # The reference count of a block nobody else holds, as seen from the
@@ -111,8 +117,11 @@ class _Pool:
             where = -1
             for i, block in enumerate(self._blocks):
                 size = block.nbytes
-                if need <= size <= 2 * need + _PAGE and sys.getrefcount(block) == idle:
-                    if best is None or size < best.nbytes:
+                is_warm = block is self._warm  # (which refers to it too)
+                fits = size <= 2 * need + _PAGE or (is_warm and need >= HUGE_PAGE)
+                if need <= size and fits and sys.getrefcount(block) == idle + is_warm:
+                    # The warm block is the last resort: a block of the right size first.
+                    if best is None or best is self._warm or (size < best.nbytes and not is_warm):
                         best, where = block, i
             if best is not None:
                 self.hits += 1
@@ -128,8 +137,20 @@ class _Pool:
                                                  or len(self._blocks) > self.limit_blocks):
                     old = self._blocks.pop(0)
                     self._bytes -= old.nbytes
+                    if old is self._warm:
+                        self._warm = None
             start = (offset - int(best.ctypes.data)) % _ALIGN
             return best[start:start + nbytes]
+
+    def warm(self, nbytes: int) -> None:
+        """Fault in a block for a receive of up to ``nbytes`` and keep it idle in the pool."""
+        block = huge_block(nbytes + _ALIGN)
+        block[::_PAGE] = 0  # one write per 4 KiB page: every page, huge or not, is faulted in
+        with self._lock:
+            self._blocks.append(block)
+            self._bytes += block.nbytes
+            self._warm = block
+        del block  # idle: only the pool refers to it
 
     def statistics(self) -> PoolStatistics:
         with self._lock:
@@ -220,6 +241,25 @@ def copy_buffer(buf: Any) -> Any:
     out = _pool.take(view.nbytes, int(src.ctypes.data) % _ALIGN)
     out[:] = src
     return out
+
+
+def warm(nbytes: int) -> threading.Thread | None:
+    """Fault in one receive block of ``nbytes`` in a thread of its own; the thread, or None if ``nbytes`` is 0.
+
+    A fresh block costs its receive the kernel's zeroing of every page as
+    the data lands (32 MiB of huge pages: 9-16 ms on the loaded 2-core
+    VM), the largest part of what a first large argument across hosts pays
+    over a steady one.  The block then serves the first receive of 2 MiB or more
+    and up to ``nbytes`` that finds no idle block of its own size; once
+    that receive's buffer is dropped, it is reused as any other block.
+    Memory: ``nbytes`` rounded up to 2 MiB, resident in the process from
+    then on (the pool forgets it like any other block beyond its limits).
+    """
+    if nbytes <= 0:
+        return None
+    thread = threading.Thread(target=_pool.warm, args=(nbytes,), name="mpimesh-warm-recv", daemon=True)
+    thread.start()
+    return thread
 
 
 def pool_statistics() -> PoolStatistics:

@@ -26,6 +26,13 @@ def test_bad_values_name_the_variable() -> None:
         load({"MPIMESH_SHUTDOWN_TIMEOUT": "0"})
 
 
+def test_receive_warm_block_setting() -> None:
+    """MPIMESH_RECV_WARM_BYTES is a size in bytes (64 MiB by default), 0 turning it off."""
+    assert Config().recv_warm_bytes == 64 << 20
+    assert load({"MPIMESH_RECV_WARM_BYTES": "0"}).recv_warm_bytes == 0
+    assert load({"MPIMESH_RECV_WARM_BYTES": "1048576"}).recv_warm_bytes == 1 << 20
+
+
 def test_batching_and_window_settings() -> None:
     """MPIMESH_BATCH_FRAMES is a count of at least 1; MPIMESH_RMA_WINDOWS a choice."""
     assert (Config().batch_frames, Config().rma_windows) == (64, "auto")
