@@ -38,7 +38,18 @@ from ._client import MeshClient, client_of
 from ._commands import REMOTE
 from ._distribute import Replicate, Shard
 from ._fetch import fetch_shard
-from ._handle import _NEEDS_VALUE, Tensor, _meta_call, _new_handle, mesh_tensor, site, to_meta, unwrap
+from ._handle import (
+    _NEEDS_VALUE,
+    Tensor,
+    _flat_command,
+    _meta_call,
+    _new_handle,
+    mesh_tensor,
+    no_mesh,
+    site,
+    to_meta,
+    unwrap,
+)
 from ._remote import _keys
 
 if TYPE_CHECKING:
@@ -257,6 +268,11 @@ def _call(procs: ProcMesh, client: MeshClient, fn: Any, args: tuple[Any, ...], o
 
 def _handle(shape: Any, stride: Any, dtype: torch.dtype, spec: DTensorSpec, procs: ProcMesh, client: MeshClient,
             device: torch.device) -> DTensor:
+    # One spec object per distinct spec: the result cache's keys hold specs, and a dict lookup
+    # compares the same object by identity instead of DTensorSpec's field-by-field __eq__ (~10 us).
+    spec = _SPECS.setdefault(spec, spec)
+    if len(_SPECS) > _RECIPES_MAX:
+        _SPECS.clear()
     h = _new_handle(DTensor, shape, stride, dtype, procs, client, device)
     h.__dict__["_spec"] = spec
     return h  # type: ignore[return-value]
@@ -317,10 +333,66 @@ def distribute_global(local: torch.Tensor, procs: Any, spec: Sequence[Any]) -> D
     return out
 
 
+def _even_block(spec: DTensorSpec) -> list[int] | None:
+    """The shape of each process's block where all hold equal blocks split in mesh-dimension order; else None."""
+    shape = list(spec.shape)
+    for size, p in zip(spec.mesh.mesh.shape, spec.placements, strict=True):
+        if type(p) is _TorchShard:
+            if shape[p.dim] % size:
+                return None
+            shape[p.dim] //= size
+        elif type(p) is not _TorchReplicate:  # Partial: the parts must be reduced; _StridedShard: interleaved
+            return None
+    return shape
+
+
 def _fetch_full(t: DTensor) -> torch.Tensor:
+    block = _even_block(t._spec)
+    if block is not None:
+        return _fetch_pieces(t, block)
     out = mesh_tensor(t._meta, t._procs, t._client, t.device)
     _call(t._procs, t._client, _worker.full, (t,), (out._id,))
     return fetch_shard(out, t._procs.view_shape.coordinates(0)).get()
+
+
+def _fetch_pieces(t: DTensor, block: list[int]) -> torch.Tensor:
+    """The whole of a tensor split in equal blocks: each distinct block fetched here once and joined.
+
+    Moves the tensor's bytes once, with no collective on the workers: the
+    all-gather of ``full_tensor()`` on the workers made every process hold
+    the whole tensor first, which cost more than the product in the brief's
+    program (T5 in docs/design/tensor.md).
+    """
+    shape = t._procs.view_shape
+    labels, placements = shape.labels, t._spec.placements
+    local = _new_handle(Tensor, torch.Size(block), _contiguous_strides(block), t.dtype, t._procs, t._client, t.device)
+    _call(t._procs, t._client, _worker.to_local, (t,), (local._id,))
+    futures = {}
+    for rank in range(len(shape)):
+        coords = shape.coordinates(rank)
+        if all(type(p) is _TorchShard or coords[label] == 0 for label, p in zip(labels, placements, strict=True)):
+            futures[tuple(coords[label] for label in labels)] = fetch_shard(local, coords)
+    values = {k: f.get() for k, f in futures.items()}
+
+    def join(prefix: tuple[int, ...]) -> torch.Tensor:
+        i = len(prefix)
+        if i == len(labels):
+            return values[prefix]
+        p = placements[i]
+        if type(p) is not _TorchShard:
+            return join((*prefix, 0))
+        return torch.cat([join((*prefix, c)) for c in range(shape.sizes[i])], dim=p.dim)
+
+    with no_mesh.activate():  # the joining runs here, also inside a mesh's activate()
+        return join(())
+
+
+def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 # --- dispatch
@@ -385,33 +457,130 @@ def _from_specs(func: Any, specs: Any, procs: ProcMesh, client: MeshClient, devi
     return kind(handles), tuple(h._id for h in handles)
 
 
+#: What a global operation returns, by operator and argument signature (each global tensor's
+#: ``DTensorSpec``, each local tensor's metadata, each other argument's type and value): a repeated
+#: operation costs a lookup instead of DTensor's propagation over fake tensors (~300 us of the
+#: controller's CPU, T1 in docs/design/tensor.md).  Placements and shapes never depend on values.
+#: Bounded: cleared when full.
+_RECIPES: dict[Any, Any] = {}
+_RECIPES_MAX = 4096
+_SPECS: dict[DTensorSpec, DTensorSpec] = {}  # see _handle
+_OPS: dict[int, tuple[str, str | None, Any]] = {}  # id(OpOverload) -> its name, _NEEDS_VALUE's hint, itself
+_CONTAINERS = (list, tuple, dict)
+
+
+def _recipe(results: Any, leaves: list[Any]) -> list[Any] | None:
+    """How to rebuild an operation's results from the next call's inputs; None: not cacheable."""
+    entries: list[Any] = []
+    for r in results:
+        if isinstance(r, DTensor):
+            for i, leaf in enumerate(leaves):
+                if leaf is r:
+                    entries.append(("in", i))
+                    break
+            else:
+                entries.append(("new", r.shape, r.stride(), r.dtype, r._spec))
+        elif type(r) in (int, float, bool, type(None)):
+            entries.append(("val", r))
+        else:
+            return None
+    return entries
+
+
+def _rebuild(entries: list[Any], leaves: list[Any], procs: ProcMesh, client: MeshClient, device: torch.device,
+             out_ids: list[int | None]) -> list[Any]:
+    results: list[Any] = []
+    for entry in entries:
+        kind = entry[0]
+        if kind == "new":
+            h = _handle(entry[1], entry[2], entry[3], entry[4], procs, client, device)
+            out_ids.append(h._id)
+            results.append(h)
+        elif kind == "in":
+            same = leaves[entry[1]]
+            out_ids.append(same._id)
+            results.append(same)
+        else:
+            results.append(entry[1])
+    return results
+
+
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``func`` on global-view tensors: result shapes and placements here, the operation on the workers."""
-    leaves = tree_flatten((args, kwargs))[0]
+    # Written for the common case, as the per-process dispatch is (_handle.dispatch): arguments
+    # without containers are read in one pass, and a repeated signature skips propagation.
+    simple = not any(type(a) in _CONTAINERS for a in args) and not (
+        kwargs and any(type(a) in _CONTAINERS for a in kwargs.values()))
+    if simple:
+        leaves = [*args, *kwargs.values()] if kwargs else list(args)
+        shape_of_args: Any = tuple(kwargs)
+    else:
+        leaves, shape_of_args = tree_flatten((args, kwargs))
+    known = _OPS.get(id(func))
+    if known is None:  # the entry holds the operator, so its id is never reused
+        name = func.name()
+        known = _OPS[id(func)] = (name, _NEEDS_VALUE.get(name), func)
+    name, hint, _ = known
     first: DTensor | None = None
+    flat = simple  # only global tensors and plain values: the compact command (OPF)
+    parts: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, Tensor):
             if not isinstance(leaf, DTensor):
                 raise _mixing(func, leaf)
             if first is None:
                 first = leaf
-            elif not first._procs.same_view(leaf._procs):
+            elif leaf._procs is not first._procs and not first._procs.same_view(leaf._procs):
                 raise ValueError(f"tensor engine: {func} mixes tensors of {first._procs!r} and {leaf._procs!r}; "
                                  "every tensor of one operation must live on the same mesh")
+            parts.append(leaf._spec)
+        elif isinstance(leaf, torch.Tensor):
+            flat = False  # a controller tensor counts as replicated: run_op's implicit_replication
+            parts.append((False, leaf.shape, leaf.stride(), leaf.dtype, leaf.device))
+        else:
+            parts.append((type(leaf), leaf))
     if first is None:
         return func(*args, **kwargs)
-    name = func.name()
-    if name in _NEEDS_VALUE:
+    if hint is not None:
         # a value the script waits for (t.item(), bool(t)): the whole tensors, here
         return func(*tree_map(lambda x: _fetch_full(x) if isinstance(x, DTensor) else x, args),
                     **tree_map(lambda x: _fetch_full(x) if isinstance(x, DTensor) else x, kwargs))
     procs, client, device = first._procs, first._client, first.device
+    try:
+        key: Any = (id(func), tuple(parts), shape_of_args)
+        cached = _RECIPES.get(key)
+    except TypeError:  # an unhashable argument: no caching
+        key, cached = None, None
+    out_ids: list[int | None] = []
+    if cached is not None:
+        entries, tree = cached
+        results = _rebuild(entries, leaves, procs, client, device, out_ids)
+        result = results[0] if tree is None else tree_unflatten(results, tree)
+    else:
+        result, out_ids = _propagated(func, args, kwargs, leaves, procs, client, device)
+        if key is not None:
+            out_leaves, tree = tree_flatten(result)
+            entries = _recipe(out_leaves, leaves)
+            if entries is not None:
+                if len(_RECIPES) >= _RECIPES_MAX:
+                    _RECIPES.clear()
+                _RECIPES[key] = (entries, None if isinstance(result, DTensor) else tree)
+    if flat:
+        command = _flat_command(name, args, kwargs, tuple(out_ids))
+        client.issue(procs.view_shape, command)
+    else:
+        _call(procs, client, _worker.run_op, (name, *args), tuple(out_ids), kwargs)
+    return result
+
+
+def _propagated(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], procs: ProcMesh,
+                client: MeshClient, device: torch.device) -> tuple[Any, list[int | None]]:
+    """The results of ``func`` (new handles, or the inputs it changed in place) by DTensor's propagation."""
     specs = _propagate(func, args, kwargs)
     fast = None if func._schema.is_mutable else _from_specs(func, specs, procs, client, device)
     if fast is not None:
         result, ids = fast
-        _call(procs, client, _worker.run_op, (name, *args), ids, kwargs)
-        return result
+        return result, list(ids)
     # in place, or results that are not all tensors: their structure from a run on meta tensors
     out = _meta_call(func, args, kwargs)
     spec_leaves = [s for s in tree_flatten(specs)[0] if isinstance(s, DTensorSpec)]
@@ -435,5 +604,4 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         handle = _handle(leaf.shape, leaf.stride(), leaf.dtype, spec, procs, client, device)
         results.append(handle)
         out_ids.append(handle._id)
-    _call(procs, client, _worker.run_op, (name, *args), tuple(out_ids), kwargs)
-    return tree_unflatten(results, tree)
+    return tree_unflatten(results, tree), out_ids

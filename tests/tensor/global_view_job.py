@@ -43,6 +43,19 @@ try:
     dt @ dt
 except Exception as exc:
     print("shape error at the line:", type(exc).__name__)
+errors = 0
+for _ in range(2):  # a failing signature is never cached: the error comes at the line every time
+    try:
+        dt @ dt
+    except RuntimeError:
+        errors += 1
+r2 = dt.redistribute(placements=[Replicate(), Replicate()])
+cached = [(x + 1).placements for x in (dt, r2, dt, r2)]  # same op, other input placements: other results
+inplace = r2.clone()
+for _ in range(3):
+    same = inplace.add_(1)
+print("cached", errors == 2, cached[0] == cached[2] == dt.placements, cached[1] == cached[3] == r2.placements,
+      same is inplace, torch.equal(inplace.full_tensor(), a + 3))
 bad = dt[torch.tensor([100, 0])]  # out of range: only the workers can tell
 later = bad * 2
 try:

@@ -27,6 +27,7 @@ EXPECTED = (
     "global in activate True",
     "controller tensor replicated True",
     "shape error at the line: RuntimeError",
+    "cached True True True True True",
     "poisoned: RemoteTensorError",
     "still serving True",
     "loop True",
