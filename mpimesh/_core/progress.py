@@ -154,6 +154,11 @@ class Progress:
         self.background_polls = 0
         self._deep_sleep = max(self._max_sleep, settings.deep_sleep_us * 1e-6)
         self._count_lock = threading.Lock()
+        # frames of the background waiter's current poll that asked for no more traffic (see quiet)
+        self._quiet = 0
+        # the background waiter's last nap when the bell rang for frames not seen yet: taken
+        # up again if they are only looks; None when a reply is expected
+        self._rung: float | None = None
         #: Whether the main thread may poll (receive and dispatch) itself.  An
         #: interactive controller (a notebook) says no: an interrupt landing
         #: in the main thread between a receive and its dispatch lost that
@@ -215,6 +220,7 @@ class Progress:
             if leading:
                 self._leaders.append(mine)
             else:  # a reply is awaited: the background waiter leaves its deep naps
+                self._rung = None
                 self._background_backoff.reset()
                 self._wake_background()
             # done() and the clock are read at the end of each turn, not at
@@ -280,9 +286,20 @@ class Progress:
         # expected, so the background waiter must not stay in its deep
         # back-off: its next naps are the shortest.
         self._leaders.remove(mine)
+        self._rung = None
         self._background_backoff.reset()
         self._last_traffic = now
         self._wake_background()
+
+    def quiet(self) -> None:
+        """The frame being handled asks for no more traffic (a dashboard's look): it keeps this process in its naps.
+
+        Called by its handler on the polling thread.  A poll of the
+        background waiter that handled only such frames leaves its back-off
+        as the bell that announced them found it, so a process looked at
+        once a second stays in its deep naps (docs/design/dashboard.md, "Cost").
+        """
+        self._quiet += 1
 
     def kick(self) -> None:
         """Make sure somebody polls soon (frames wait in a batch): wake the background waiter if nobody leads."""
@@ -336,14 +353,19 @@ class Progress:
                 # messages, a caller issuing calls): let it receive too.
                 pause = _ACTIVE_WINDOW - (now - active)
             elif self._token.acquire(blocking=False):
+                self._quiet = 0
                 try:
                     handled = self._poll(0.0)
                 finally:
                     self._token.release()
                 self.background_polls += 1
                 if handled:
-                    self._last_traffic = time.monotonic()
-                    backoff.reset()
+                    rung, self._rung = self._rung, None
+                    if handled > self._quiet:
+                        self._last_traffic = time.monotonic()
+                        backoff.reset()
+                    elif rung is not None:  # only looks: back to the naps the bell broke
+                        backoff._last = rung
                     continue
                 quiet = now - self._last_traffic
                 # An owner of window memory stays out of the deep naps: Open MPI
@@ -360,9 +382,12 @@ class Progress:
                 # Rung by a peer that sends after a pause, or by a thread here.
                 if not done() and bell.sleep(pause):
                     # A message is on its way, but Open MPI may show it only
-                    # after a few polls: back off from the start again.
+                    # after a few polls: back off from the start again.  Not
+                    # traffic yet: a peer rings after its frame, which may
+                    # have come in the last poll already.
+                    if self._rung is None:
+                        self._rung = backoff._last
                     backoff.reset()
-                    self._last_traffic = time.monotonic()
                 continue
             with cond:
                 if not done():

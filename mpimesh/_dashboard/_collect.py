@@ -14,8 +14,10 @@ process that does not answer is shown as such.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .._core import current as _current
@@ -43,11 +45,30 @@ def addr_text(addr: Addr) -> str:
     return f"{addr[0]}.{addr[1]}"
 
 
+class _Answer(OneReply):
+    """The answer to a look: delivered without drawing the controller out of its naps (``Progress.quiet``)."""
+
+    def __init__(self, rt: Any, op: str, addr: Addr) -> None:
+        super().__init__(f"dashboard {op}", f"dashboard {op} on {addr_text(addr)}", addr)
+        self._progress = rt.progress
+
+    def deliver(self, index: int, status: int, body: Any, buffers: list[Any], src: Addr) -> bool:
+        self._progress.quiet()
+        return super().deliver(index, status, body, buffers, src)
+
+
 def _ask(rt: Any, addrs: list[Addr], op: str, arg: Any, timeout: float) -> dict[Addr, Any]:
-    """Send DEBUG ``op`` to each of ``addrs``; their answers within ``timeout`` seconds (an exception for a failure)."""
-    waits: dict[Addr, tuple[OneReply, int]] = {}
+    """Send DEBUG ``op`` to each of ``addrs``; their answers within ``timeout`` seconds (an exception for a failure).
+
+    This thread only sleeps until the answers are in: whoever polls anyway
+    (the script's thread waiting for its own calls, or the progress thread,
+    woken by the workers' bells) delivers them.  Waiting with ``get()``
+    would make this thread a second poller beside a script that calls,
+    and two pollers of one process slow each other's round trips.
+    """
+    waits: dict[Addr, tuple[_Answer, int]] = {}
     for addr in addrs:
-        reply = OneReply(f"dashboard {op}", f"dashboard {op} on {addr_text(addr)}", addr)
+        reply = _Answer(rt, op, addr)
         port_id = rt.ports.open(reply)
         try:
             rt.send(addr, protocol.debug(op, (arg, (rt.addr, port_id))))
@@ -55,15 +76,15 @@ def _ask(rt: Any, addrs: list[Addr], op: str, arg: Any, timeout: float) -> dict[
             rt.ports.close(port_id)
             continue
         waits[addr] = (reply, port_id)
-    deadline = time.monotonic() + timeout
+    concurrent.futures.wait([wait[0] for wait in waits.values()], timeout)
     answers: dict[Addr, Any] = {}
     for addr, (reply, port_id) in waits.items():
-        try:
-            answers[addr] = reply.get(max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
+        if not reply.done():
             rt.ports.close(port_id)  # a late answer is dropped
-        except Exception as exc:  # the process died meanwhile
-            answers[addr] = exc
+        elif reply.exception(0) is not None:  # the process died meanwhile
+            answers[addr] = reply.exception(0)
+        else:
+            answers[addr] = reply.get(0)
     return answers
 
 
@@ -92,6 +113,8 @@ class Collector:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._watchers = 0
+        # called (on the collector's thread) at each new snapshot: wake the pages' streams
+        self._listeners: list[Callable[[], None]] = []
         #: the last snapshot (plain data) and its number; 0: none yet
         self.snapshot: dict[str, Any] = {}
         self.version = 0
@@ -102,16 +125,24 @@ class Collector:
 
     # --- watchers ---------------------------------------------------------------------------------
 
-    def watch(self) -> None:
-        """A page opened: look at the job now, then every second until the last page closes."""
+    def watch(self, listener: Callable[[], None] | None = None) -> None:
+        """A page opened: look at the job now, then every second until the last page closes.
+
+        Args:
+            listener: called at each new snapshot, on the collector's thread (quick, never blocking).
+        """
         with self._cond:
             self._watchers += 1
+            if listener is not None:
+                self._listeners.append(listener)
             self._cond.notify_all()
 
-    def unwatch(self) -> None:
-        """A page closed."""
+    def unwatch(self, listener: Callable[[], None] | None = None) -> None:
+        """A page closed (``listener``: the one it passed to :meth:`watch`)."""
         with self._cond:
             self._watchers = max(0, self._watchers - 1)
+            if listener in self._listeners:
+                self._listeners.remove(listener)
 
     @property
     def watchers(self) -> int:
@@ -143,6 +174,9 @@ class Collector:
                     self.snapshot = snap
                     self.version += 1
                     self._cond.notify_all()
+                    listeners = list(self._listeners)
+                for listener in listeners:
+                    listener()
             # the next look in a second, or at once when the runtime records an event
             seen = journal.wait_event(seen, PERIOD)
 

@@ -20,6 +20,7 @@ a bad request is answered 400 or 404, and costs the job nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -185,12 +186,21 @@ class Server:
     async def _stream(self, request: Any) -> AsyncIterator[str]:
         """One page's event stream: a snapshot whenever the collector has a new one, with what is new for it."""
         collector = self.collector
-        collector.watch()
+        loop = asyncio.get_running_loop()
+        fresh = asyncio.Event()
+
+        def wake() -> None:  # on the collector's thread: one wake-up of this loop per snapshot
+            with contextlib.suppress(RuntimeError):  # the server's loop has ended
+                loop.call_soon_threadsafe(fresh.set)
+
+        collector.watch(wake)
         version, event_seq, metric_seq, first = 0, 0, 0, True
         try:
             while True:
-                while collector.version <= version:
-                    await asyncio.sleep(0.05)
+                fresh.clear()
+                if collector.version <= version:
+                    await fresh.wait()
+                    continue
                 version = collector.version
                 data = dict(collector.snapshot)
                 new_events = journal.events(event_seq)
@@ -206,4 +216,4 @@ class Server:
                 yield f"data: {json.dumps(data, default=str)}\n\n"
                 first = False
         finally:
-            collector.unwatch()
+            collector.unwatch(wake)
