@@ -192,7 +192,7 @@ class Invoker:
             if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
                 if pending is None:
                     raise TypeError(f"endpoint {method} returned an awaitable in a sync actor; declare it async def")
-                cell.busy = None  # the coroutine runs on: the dashboard shows sync endpoints only
+                # busy until the coroutine ends (_finish_async): the actor takes no other message meanwhile
                 pending.append(self._finish_async(result, port, index, method, _context_var.get(), failed_port))
                 return
         except BaseException as exc:
@@ -262,6 +262,7 @@ class Invoker:
             self._awaiting.pop(key, None)
             if not concurrent:
                 self._main_key = None
+                self._cell.busy = None
             _context_var.reset(token)
 
     def _claim(self, key: int) -> bool:

@@ -69,6 +69,30 @@ def test_one_look_sees_the_mesh_its_metrics_and_a_busy_actor(procs: Any) -> None
     assert all(m["name"] != "watched" for m in collector.collect(rt)["meshes"])
 
 
+class WatchedAsync(Actor):
+    @endpoint
+    async def wait_here(self, seconds: float) -> str:
+        import asyncio
+
+        await asyncio.sleep(seconds)
+        return "done"
+
+
+def test_an_async_endpoint_shows_busy_until_its_coroutine_ends(procs: Any) -> None:
+    watched = procs.spawn("watchedasync", WatchedAsync)
+    watched.initialized.get(30)
+    rt = current.current()
+    collector = Collector()
+    busy = watched.slice(gpus=0).wait_here.call_one(2.0)
+    time.sleep(0.5)
+    rank = _mesh(collector.collect(rt), "watchedasync")["ranks"][0]
+    assert rank["state"] == "busy" and rank["busy"] == "wait_here" and rank["busy_for"] > 0.2, rank
+    assert busy.get(30) == "done"
+    rank = _mesh(collector.collect(rt), "watchedasync")["ranks"][0]
+    assert rank["state"] == "running", rank
+    watched.stop().get(30)
+
+
 def test_the_collector_sleeps_until_watched_and_wakes_on_an_event() -> None:
     collector = Collector()
     time.sleep(0.3)
