@@ -260,6 +260,48 @@ class Collector:
                 "name": owned.name, "class": owned.class_name, "key": key, "labels": list(shape.labels),
                 "sizes": list(shape.sizes), "ranks": ranks, "calls_per_s": calls, "bytes_per_s": nbytes,
             })
+        meshes.extend(self._meshes_of_actors(actors, {m["key"] for m in meshes}, dead, now))
+        return meshes
+
+    def _meshes_of_actors(self, actors: dict[tuple[Addr, str], dict[str, Any]], known: set[str],
+                          dead: dict[Addr, str], now: float) -> list[dict[str, Any]]:
+        # Actor meshes an actor spawned on the workers: not in the controller's ownership
+        # tree, so their grid is made from what their processes answered (each actor
+        # knows its point in its mesh); a rank whose process did not answer is unknown.
+        found: dict[str, dict[int, tuple[Addr, dict[str, Any]]]] = {}
+        for (addr, key), actor in actors.items():
+            if key not in known:
+                found.setdefault(key, {})[actor["rank"]] = (addr, actor)
+        meshes = []
+        for key, by_rank in found.items():
+            first = next(iter(by_rank.values()))[1]
+            size = 1
+            for n in first["sizes"]:
+                size *= n
+            ranks, calls, nbytes = [], 0.0, 0.0
+            for rank in range(size):
+                if rank not in by_rank:
+                    ranks.append({"state": "unknown", "why": "its process did not answer", "rank": rank,
+                                  "addr": "", "coords": {}})
+                    continue
+                addr, actor = by_rank[rank]
+                if addr in dead:
+                    cell: dict[str, Any] = {"state": "failed", "why": dead[addr]}
+                elif actor["phase"] == "failed":
+                    cell = {"state": "failed", "why": actor["why"]}
+                elif actor["busy"]:
+                    cell = {"state": "busy", "why": "", "busy": actor["busy"], "busy_for": actor["busy_for"]}
+                else:
+                    cell = {"state": actor["phase"], "why": ""}
+                cell.update(rank=rank, addr=addr_text(addr), coords=actor["coords"])
+                ranks.append(cell)
+                rate = self._rate((addr, key), now, actor["calls"], actor["bytes"])
+                calls, nbytes = calls + rate[0], nbytes + rate[1]
+            meshes.append({
+                "name": first["name"], "class": first["class"], "key": key, "labels": first["labels"],
+                "sizes": first["sizes"], "ranks": ranks, "calls_per_s": calls, "bytes_per_s": nbytes,
+                "spawned_by": "an actor",
+            })
         return meshes
 
     def _rate(self, which: tuple[Addr, str], now: float, calls: int, nbytes: int) -> tuple[float, float]:

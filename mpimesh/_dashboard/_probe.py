@@ -67,6 +67,8 @@ def _actors(rt: Any) -> list[dict[str, Any]]:
         busy = cell.busy
         out.append({
             "key": repr(key), "name": cell.name, "rank": cell.point.rank, "actor_id": cell.actor_id,
+            "labels": list(cell.point.extent.labels), "sizes": list(cell.point.extent.sizes),
+            "coords": dict(cell.point), "class": cell.class_path.rpartition(".")[2],
             "busy": busy[0] if busy else "", "busy_for": now - busy[1] if busy else 0.0,
             "calls": cell.calls, "bytes": cell.call_bytes, "phase": cell.lifecycle.phase.value,
             "why": str(cell.lifecycle.failure or ""),

@@ -93,6 +93,38 @@ def test_an_async_endpoint_shows_busy_until_its_coroutine_ends(procs: Any) -> No
     watched.stop().get(30)
 
 
+class Spawner(Actor):
+    """Spawns an actor mesh of its own, on its process: not in the controller's ownership tree."""
+
+    def __init__(self) -> None:
+        self.child = mpimesh.this_proc().spawn("childofactor", Watched)
+
+    @endpoint
+    def ready(self) -> bool:
+        self.child.initialized.get(30)
+        return True
+
+    @endpoint
+    def busy_child(self) -> None:
+        self.child.wait_here.call_one(2.0)  # not waited for: the child stays busy a while
+
+
+def test_an_actor_mesh_spawned_by_an_actor_has_its_grid(procs: Any) -> None:
+    spawner = procs.slice(gpus=1).spawn("spawner", Spawner)
+    assert spawner.ready.call_one().get(30) is True
+    rt = current.current()
+    collector = Collector()
+    mesh = _mesh(collector.collect(rt), "childofactor")
+    assert mesh["class"] == "Watched" and mesh["spawned_by"] == "an actor", mesh
+    assert [r["state"] for r in mesh["ranks"]] == ["running"] and len(mesh["sizes"]) == len(mesh["labels"]), mesh
+    spawner.busy_child.call_one().get(30)
+    time.sleep(0.5)
+    (rank,) = _mesh(collector.collect(rt), "childofactor")["ranks"]
+    assert rank["state"] == "busy" and rank["busy"] == "wait_here", rank
+    spawner.stop().get(30)  # stops what it owns: the child's grid goes
+    assert all(m["name"] != "childofactor" for m in collector.collect(rt)["meshes"])
+
+
 def test_the_collector_sleeps_until_watched_and_wakes_on_an_event() -> None:
     collector = Collector()
     time.sleep(0.3)
