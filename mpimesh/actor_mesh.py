@@ -136,9 +136,7 @@ class Endpoint(Generic[R]):
                 f"call_one() needs a mesh of exactly 1 actor, got {len(mesh)} in {mesh!r}; "
                 f"slice it to one actor first, e.g. {mesh._name}.slice({coords}), or use call()"
             )
-        # _send's one-actor branch, without its frame: this is B1's path
-        self._ready(args, kwargs)
-        return self._cast_one(self._name, self._call_one_name, self._what, args, kwargs, 0)
+        return self._send(args, kwargs, self._call_one_name, 0)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call one actor of the mesh picked at random (load balancing)."""

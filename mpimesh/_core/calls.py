@@ -110,11 +110,7 @@ def _post(
         report = dead[addr]
     else:
         try:
-            multicast = rt.multicast
-            if multicast.enrolled:
-                multicast.post(addr, frame, buffers)  # numbered, in order with the casts
-            else:
-                rt.router.send(addr, frame, buffers)  # what post does then, one frame fewer
+            rt.multicast.post(addr, frame, buffers)
             return None
         except ConnectionError as exc:
             report = str(exc)

@@ -405,13 +405,6 @@ class PortTable:
                     if receiver.deliver(i, st, one, parts, source):
                         done = True
                         break
-        elif status == _VALUE and type(receiver) is OneReply:
-            # call_one's plain reply (B1's path): OneReply.deliver and
-            # Future.set_result inline, two frames fewer per round trip
-            self._open.pop(pid, None)
-            if receiver._state == _PENDING and not receiver._settle_unwatched(body, None):
-                Future.set_result(receiver, body)
-            return
         else:
             done = receiver.deliver(index, status, body, buffers, src)
         if done:
