@@ -43,8 +43,9 @@ __all__ = [
 #: workers and declares the silent ones dead 0.5 s later (``_roles/liveness.py``): the frozen host of
 #: tests/slurm is found in 2.30-2.48 s (6 runs).  A timeout of 1.5 s gave 1.80-2.09 s (6 runs) and no false positive
 #: in 60 s beside 4 spinning processes on 2 cores (``tests/slurm/test_slurm_load.py``, twice), but one
-#: job of 5 in a benchmark died at boot (garbage in the boot's ``allgather``, an ERA agreement error:
-#: the kind of boot death seen at 2 s too, 3 in ~30 jobs): not made the default on that evidence.
+#: job of 5 in a benchmark died at boot: a rank declared dead while it imported mpimesh between
+#: ``MPI_Init`` and the boot, sending no heartbeat (3 jobs in ~30 at 2 s too; fixed since by
+#: ``boot_beat``, docs/design/runtime.md "Boot under srun"; 1.5 s not measured again).
 DIRECT_LAUNCH_ULFM = {
     "OMPI_MCA_mpi_ft_enable": "true",
     "OMPI_MCA_mpi_ft_propagator_with_rbcast": "true",

@@ -26,6 +26,7 @@ from .._core import current as _current
 from .._core import protocol
 from .._core.runtime import Runtime, extend_sys_path
 from .._data.windows import open_island
+from .._launch import boot_beat
 from .._transport import native
 from .._transport.buffers import warm
 from .._transport.frames import CONTROLLER
@@ -44,7 +45,10 @@ _boot_lock = threading.Lock()
 
 def _join_island(rt: Runtime, world: MPI.Intracomm, island: int) -> MPI.Intracomm:
     # The island's own communicator, for frames and for the data plane's
-    # window (collective over the island's processes).
+    # window (collective over the island's processes).  The thread that fed
+    # ULFM's detector since MPI_Init ends first: no thread may poll while
+    # this one makes a communicator (_launch/boot_beat.py).
+    boot_beat.stop()
     comm = world.Dup()
     rt.router.add_island(comm, island)
     open_island(rt.router, comm, island)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import mpi4py
 
-from .._launch import survival
+from .._launch import boot_beat, survival
 
 
 def _environment_defaults() -> None:
@@ -104,6 +104,10 @@ mpi4py.rc.thread_level = "multiple"
 mpi4py.rc.errors = "exception"
 
 from mpi4py import MPI  # noqa: E402
+
+if boot_beat.wanted():
+    # ULFM's heartbeats must flow until the boot polls (_launch/boot_beat.py); the boot stops it.
+    boot_beat.start(lambda: MPI.COMM_SELF.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))
 
 __all__ = ["MPI", "alone", "dynamic", "keep_alone", "hostname", "library", "loaded_libmpi", "world", "parent"]
 
