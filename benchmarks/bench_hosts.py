@@ -19,11 +19,14 @@ the same link (TCP over a veth pair and a bridge), in the same job.
   ``initialized``, the steady calls after it, and raw ``Send``/``Recv``;
   and its ``rawfirst`` job: raw mpi4py's own first 64 MiB ``Send`` (into a
   fresh buffer, over an unused link) against its steady ones, in a job of
-  its own.  Targets: >= 0.8x raw, first <= 2x steady.  ``--only first``
-  runs these jobs alone with a 32 MiB argument (issue 30's measure).  The
-  ``first`` job runs twice: as it is, then without the worker's warm
-  receive block (``MPIMESH_RECV_WARM_BYTES=0``, the ``-nowarm`` rows); it
-  reports the worker's minor page faults in its first two calls.
+  its own; and ``rawfirst`` with ``--ready`` (the ``-ready`` rows): the
+  connection opened and the receive buffer faulted in before it, as an
+  mpimesh worker's are at its first call.  Targets: >= 0.8x raw, first
+  <= 2x steady.  ``--only first`` runs these jobs alone with a 32 MiB
+  argument (issue 30's measure).  The ``first`` job runs twice: as it
+  is, then without the worker's warm receive block
+  (``MPIMESH_RECV_WARM_BYTES=0``, the ``-nowarm`` rows); it reports the
+  worker's minor page faults in its first two calls.
 * X6: ``bench_b6.py`` as it is (``RDMABuffer.read_into`` of 64 MiB against
   ``Win.Allocate`` + ``Get``); and this file's ``rdma`` job: the same reads,
   then as many ``write_from`` of 64 MiB, against a raw ``Send``/``Recv`` of
@@ -133,22 +136,52 @@ def minor_faults() -> int:
         return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
-def job_rawfirst(calls: int, nbytes: int = NB) -> None:
+def job_rawfirst(calls: int, nbytes: int = NB, ready: bool = False) -> None:
     """X4's first transfer in raw mpi4py, in a job of its own (plain python): Send/Recv of 64 MiB, each acked.
 
     Rank 1 receives into one buffer it allocated fresh, as a worker receives
     a first argument into fresh memory, over a link nothing used before.
+    With ``ready``, rank 1 first faults its buffer in and answers a 1-byte
+    message, and rank 0 waits for that answer before it times: the TCP
+    connection is then open and the receiver ready, as an mpimesh worker's
+    is at its first call (its start-up frames opened the connection, its
+    warm block is faulted in), so what is left is the transfer's own first
+    use of the link.
     """
     import _bulk
+    import numpy as np
     import torch
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    if comm.Get_rank() == 1:
-        _bulk.sendrecv_peer(comm, nbytes, calls)
+    ack = np.empty(1, np.uint8)
+    if not ready:
+        if comm.Get_rank() == 1:
+            _bulk.sendrecv_peer(comm, nbytes, calls)
+            return
+        x = torch.randn(nbytes // 4)
+        raw = [s * 1e3 for s in _bulk.sendrecv_root(comm, 1, x.view(torch.uint8).numpy(), calls)]
+    elif comm.Get_rank() == 1:
+        # sendrecv_peer's exchange, with a "ready" answer once the buffer is faulted in
+        offset = np.empty(1, np.int64)
+        comm.Recv(offset, 0, _bulk.BULK_TAG)
+        buf = _bulk.aligned(nbytes, int(offset[0]))
+        comm.Send(ack, 0, _bulk.BULK_TAG + 1)
+        for _ in range(calls):
+            comm.Recv(buf, 0, _bulk.BULK_TAG)
+            comm.Send(ack, 0, _bulk.BULK_TAG)
         return
-    x = torch.randn(nbytes // 4)
-    raw = [s * 1e3 for s in _bulk.sendrecv_root(comm, 1, x.view(torch.uint8).numpy(), calls)]
+    else:
+        src = torch.randn(nbytes // 4).view(torch.uint8).numpy()
+        comm.Send(np.array([src.ctypes.data % 64], np.int64), 1, _bulk.BULK_TAG)
+        comm.Recv(ack, 1, _bulk.BULK_TAG + 1)
+        time.sleep(0.3)  # the handshake's segments long acknowledged, as at an mpimesh worker's first call
+        raw = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            comm.Send(src, 1, _bulk.BULK_TAG)
+            comm.Recv(ack, 1, _bulk.BULK_TAG)
+            raw.append((time.perf_counter() - t0) * 1e3)
     steady = statistics.median(raw[2:])
     print(json.dumps({"raw_first_ms": round(raw[0], 2), "raw_steady_ms": round(steady, 2),
                       "raw_first_over_steady": round(raw[0] / steady, 2),
@@ -348,10 +381,13 @@ def one_run(what: list[str], fl: list[str], hosts: list[str], args: argparse.Nam
             rows.append({k: first.get(k) for k in ("bench", "spawn_to_initialized_s", "first_ms", "steady_ms",
                                                     "first_over_steady", "worker_faults_first",
                                                     "worker_faults_second", "raw_ms", "ratio", "error")})
-        raw_pair = [*pair[: pair.index("-m")], __file__, "--job", "rawfirst", *size]
-        rawfirst = job(f"{bench}rawfirst", raw_pair, 300)
-        rows.append({k: rawfirst.get(k) for k in ("bench", "raw_first_ms", "raw_steady_ms", "raw_first_over_steady",
-                                                   "error")})
+        # Raw mpi4py's first Send as it comes (the connection opens and the receiver allocates during it), and
+        # with both done before it (-ready: what an mpimesh worker's first call finds).
+        for label, ready in (("", []), ("-ready", ["--ready"])):
+            raw_pair = [*pair[: pair.index("-m")], __file__, "--job", "rawfirst", *size, *ready]
+            rawfirst = job(f"{bench}rawfirst{label}", raw_pair, 300)
+            rows.append({k: rawfirst.get(k) for k in ("bench", "raw_first_ms", "raw_steady_ms",
+                                                       "raw_first_over_steady", "error")})
 
     if "x1" in what:
         b1 = job("X1", [*pair, "bench_b1.py", "--repeats", "3"], 300)
@@ -435,11 +471,12 @@ def main() -> None:
     ap.add_argument("--job", choices=["first", "rawfirst", "rdma", "hostloss"], help=argparse.SUPPRESS)
     ap.add_argument("--calls", type=int, default=12, help=argparse.SUPPRESS)
     ap.add_argument("--reads", type=int, default=8, help=argparse.SUPPRESS)
+    ap.add_argument("--ready", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.job == "first":
         return job_first(args.calls, args.bytes)
     if args.job == "rawfirst":
-        return job_rawfirst(args.calls, args.bytes)
+        return job_rawfirst(args.calls, args.bytes, args.ready)
     if args.job == "rdma":
         return job_rdma(args.reads)
     if args.job == "hostloss":
