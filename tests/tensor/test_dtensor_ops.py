@@ -35,7 +35,7 @@ def test_every_op_matches_one_process() -> None:
     result = run(python_cmd(str(JOB)), timeout=300)
     assert result.returncode == 0, result.stderr
     lines = dict(re.findall(r"^(.+? \| [^:]+): (.*)$", result.stdout, re.M))
-    assert len(lines) >= 100, result.stdout + result.stderr
+    assert len(lines) >= 90, result.stdout + result.stderr
     wrong = {}
     for label, outcome in lines.items():
         if label in REFUSED and outcome.startswith(REFUSED[label]):
