@@ -50,6 +50,7 @@ from ._handle import (
     to_meta,
     unwrap,
 )
+from ._op_rules import by_decomposition
 from ._remote import _keys
 
 if TYPE_CHECKING:
@@ -522,7 +523,9 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         known = _OPS[id(func)] = (name, _NEEDS_VALUE.get(name), func)
     name, hint, _ = known
     first: DTensor | None = None
-    flat = simple  # only global tensors and plain values: the compact command (OPF)
+    # only global tensors and plain values: the compact command (OPF), which calls the operator itself;
+    # an operator DTensor has no rule for must run as its decomposition (run_op, ._op_rules)
+    flat = simple and not by_decomposition(func)
     parts: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, Tensor):

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._decomp import decomposition_table
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, distribute_tensor
@@ -32,6 +31,7 @@ from .._torchmpi import _backend as _mpi
 from .._torchmpi import _world as _mpi_world
 from ..context import context, current_rank
 from ._engine import resolve_op
+from ._op_rules import by_decomposition, decomposed
 
 __all__ = [
     "BACKEND_VARIABLE", "backend", "bucket_finish", "bucket_start", "contiguous_stride", "distribute_local", "full",
@@ -163,35 +163,9 @@ def run_op(name: str, *args: Any, **kwargs: Any) -> Any:
     """
     op = resolve_op(name)
     with implicit_replication():
-        if _by_decomposition(op):
-            return decomposition_table[op](*args, **kwargs)
+        if by_decomposition(op):  # no DTensor rule: its kernel would see the pieces' shapes (._op_rules)
+            return decomposed(op, *args, **kwargs)
         return op(*args, **kwargs)
-
-
-#: Per operator: whether :func:`run_op` runs its decomposition instead (decided once per process).
-_DECOMPOSE: dict[Any, bool] = {}
-
-
-def _by_decomposition(op: Any) -> bool:
-    """Whether ``op`` must run as its decomposition on DTensors: a loss with a ``reduction`` DTensor has no rule for.
-
-    DTensor derives such an operator's placements from its decomposition
-    but then runs the operator itself on each process's pieces, and a
-    ``reduction="mean"`` kernel divides by the local number of elements:
-    ``mse_loss_backward`` of a batch sharded over ``n`` data-parallel
-    processes gave ``n`` times the gradient.  Run as its decomposition, each
-    step is a DTensor operator that sees the global sizes.
-    """
-    known = _DECOMPOSE.get(op)
-    if known is None:
-        propagator = DTensor._op_dispatcher.sharding_propagator
-        known = (op in decomposition_table
-                 and any(arg.name == "reduction" for arg in op._schema.arguments)
-                 and op not in propagator.op_strategy_funcs
-                 and op not in propagator.op_single_dim_strategy_funcs
-                 and op not in propagator.op_to_rules)
-        _DECOMPOSE[op] = known
-    return known
 
 
 def full(t: DTensor) -> torch.Tensor:
