@@ -64,6 +64,8 @@ class MeshClient:
         self._pending_shape: Shape | None = None
         self._deleted: list[int] = []
         self._watched: dict[int, tuple[weakref.ref[Any], int]] = {}  # id(ref) -> (ref, tensor id)
+        #: handles made since the last flush, by plain weak reference (see watch)
+        self.young: list[tuple[weakref.ref[Any], int]] = []
         self._on_collect = self._collected
         self._groups: dict[tuple[Shape, tuple[str, ...]], int] = {}
         self._keys = itertools.count(1)  # group keys: never reused, the workers cache groups by key
@@ -96,9 +98,28 @@ class MeshClient:
 
     def watch(self, handle: Any, tensor_id: int) -> None:
         """Free tensor ``tensor_id`` on the workers once ``handle`` (its controller handle) is collected."""
-        # keyed by the ref's id: a weakref hashes as its referent, and a tensor hashes in Python
-        ref = weakref.ref(handle, self._on_collect)
-        self._watched[id(ref)] = (ref, tensor_id)
+        # Most handles die before the next flush (``a = a + 1`` drops the previous one): a plain weak
+        # reference now, looked at once by the flush, costs less than a callback per handle (T1 in
+        # docs/design/tensor.md).  The flush watches the survivors with a callback (_sweep).
+        self.young.append((weakref.ref(handle), tensor_id))
+
+    def _sweep(self) -> None:
+        # The young handles now dead go with the next batch; the others are watched until they die.
+        # Taken by count, then cut, so that a handle made meanwhile by another thread stays young.
+        young = self.young
+        n = len(young)
+        if not n:
+            return
+        deleted, watched, on_collect = self._deleted, self._watched, self._on_collect
+        for ref, tensor_id in young[:n]:
+            handle = ref()
+            if handle is None:
+                deleted.append(tensor_id)
+            else:
+                # keyed by the ref's id: a weakref hashes as its referent, and a tensor hashes in Python
+                alive = weakref.ref(handle, on_collect)
+                watched[id(alive)] = (alive, tensor_id)
+        del young[:n]
 
     def _collected(self, ref: weakref.ref[Any]) -> None:
         # The handle is gone: free its tensor with the next batch.  Runs in whatever thread
@@ -111,6 +132,7 @@ class MeshClient:
             self._flush_locked()
 
     def _flush_locked(self) -> None:
+        self._sweep()
         if self._deleted:
             deleted, self._deleted = self._deleted, []
             # Deletions go to every process (a tensor of any view is in the table of its processes
@@ -239,6 +261,7 @@ class MeshClient:
 
         def adopt(old: ProcMesh, new: ProcMesh) -> MeshClient:
             with self._lock:
+                self._sweep()
                 where = {b: i for i, b in enumerate(survivors)}
                 self._lost = {where[b]: v for b, v in self._lost.items() if b in where}
                 self._restored = {where[b]: v for b, v in self._restored.items() if b in where}

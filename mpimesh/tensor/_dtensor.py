@@ -37,6 +37,7 @@ from . import _mesh
 from ._client import MeshClient, client_of
 from ._commands import REMOTE
 from ._distribute import Replicate, Shard
+from ._fast import MISS, fast, remember
 from ._fetch import fetch_shard
 from ._handle import (
     _NEEDS_VALUE,
@@ -52,6 +53,9 @@ from ._handle import (
 )
 from ._op_rules import by_decomposition
 from ._remote import _keys
+from ._specs import contiguous_strides as _contiguous_strides
+from ._specs import even_block as _even_block
+from ._specs import local_shape as _local_shape
 
 if TYPE_CHECKING:
     from ._mesh import ProcMesh
@@ -95,6 +99,8 @@ class DTensor(Tensor):
     """
 
     _spec: DTensorSpec
+    #: what the fast path keys these handles by (_fast.fast): the spec holds shape and placements
+    _fast_key = "_spec"
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         grad = ", requires_grad=True" if self.requires_grad else ""
@@ -244,16 +250,6 @@ def placements_of(spec: Sequence[Any], procs: ProcMesh, ndim: int) -> tuple[Plac
     return tuple(out)
 
 
-def _local_shape(spec: DTensorSpec, rank: int) -> list[int]:
-    """The shape of the piece that process ``rank`` of the mesh holds, by DTensor's own arithmetic."""
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
-    coordinate = [int(c) for c in (spec.mesh.mesh == rank).nonzero()[0]]
-    shape, _ = _compute_local_shape_and_global_offset(spec.shape, spec.mesh.mesh.shape, coordinate,
-                                                      spec.placements, skip_offset=True)
-    return list(shape)
-
-
 # --- commands
 
 
@@ -334,19 +330,6 @@ def distribute_global(local: torch.Tensor, procs: Any, spec: Sequence[Any]) -> D
     return out
 
 
-def _even_block(spec: DTensorSpec) -> list[int] | None:
-    """The shape of each process's block where all hold equal blocks split in mesh-dimension order; else None."""
-    shape = list(spec.shape)
-    for size, p in zip(spec.mesh.mesh.shape, spec.placements, strict=True):
-        if type(p) is _TorchShard:
-            if shape[p.dim] % size:
-                return None
-            shape[p.dim] //= size
-        elif type(p) is not _TorchReplicate:  # Partial: the parts must be reduced; _StridedShard: interleaved
-            return None
-    return shape
-
-
 def _fetch_full(t: DTensor) -> torch.Tensor:
     block = _even_block(t._spec)
     if block is not None:
@@ -386,14 +369,6 @@ def _fetch_pieces(t: DTensor, block: list[int]) -> torch.Tensor:
 
     with no_mesh.activate():  # the joining runs here, also inside a mesh's activate()
         return join(())
-
-
-def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 # --- dispatch
@@ -466,6 +441,7 @@ def _from_specs(func: Any, specs: Any, procs: ProcMesh, client: MeshClient, devi
 _RECIPES: dict[Any, Any] = {}
 _RECIPES_MAX = 4096
 _SPECS: dict[DTensorSpec, DTensorSpec] = {}  # see _handle
+_FAST: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # a repeated operation's outcome for _fast.fast
 _OPS: dict[int, tuple[str, str | None, Any]] = {}  # id(OpOverload) -> its name, _NEEDS_VALUE's hint, itself
 _CONTAINERS = (list, tuple, dict)
 
@@ -508,8 +484,13 @@ def _rebuild(entries: list[Any], leaves: list[Any], procs: ProcMesh, client: Mes
 
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``func`` on global-view tensors: result shapes and placements here, the operation on the workers."""
-    # Written for the common case, as the per-process dispatch is (_handle.dispatch): arguments
-    # without containers are read in one pass, and a repeated signature skips propagation.
+    # Written for the common case, as the per-process dispatch is (_handle.dispatch): a repeated
+    # operation on handles and scalars is replayed by _fast.fast, other arguments without containers
+    # are read in one pass, and a repeated signature skips propagation.
+    if not kwargs:
+        replayed = fast(func, args, DTensor, _FAST, None)
+        if replayed is not MISS:
+            return replayed
     simple = not any(type(a) in _CONTAINERS for a in args) and not (
         kwargs and any(type(a) in _CONTAINERS for a in kwargs.values()))
     if simple:
@@ -559,6 +540,10 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         entries, tree = cached
         results = _rebuild(entries, leaves, procs, client, device, out_ids)
         result = results[0] if tree is None else tree_unflatten(results, tree)
+        if flat and not kwargs and tree is None and entries[0][0] != "val":
+            entry = entries[0]
+            remember(_FAST, func, name, args, DTensor, entry[1] if entry[0] == "in" else None, entry[1:4],
+                     {"_spec": _SPECS.setdefault(entry[4], entry[4])} if entry[0] == "new" else None)
     else:
         result, out_ids = _propagated(func, args, kwargs, leaves, procs, client, device)
         if key is not None:

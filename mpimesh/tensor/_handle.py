@@ -13,8 +13,6 @@ factory functions (``torch.rand``, ``torch.zeros``...) make mesh tensors too.
 from __future__ import annotations
 
 import contextvars
-import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -26,6 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from .._core import serialize as _serialize
 from ._client import MeshClient, client_of, next_id
 from ._commands import OP, OPF, Ref
+from ._fast import MISS, fast, remember, site
 
 if TYPE_CHECKING:
     from ._mesh import ProcMesh
@@ -34,45 +33,12 @@ __all__ = ["Tensor", "activate", "active_mesh", "mesh_tensor", "no_mesh", "site"
 
 _active: contextvars.ContextVar[ProcMesh | None] = contextvars.ContextVar("mpimesh_active_mesh", default=None)
 
-# Frames in these directories are not the line a command is reported at.
-_INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
-
 #: Operators that need a value on the controller: they would make the script wait on a worker.
 _NEEDS_VALUE = {
     "aten::_local_scalar_dense": "t.item()",
     "aten::is_nonzero": "bool(t)",
     "aten::equal": "torch.equal",
 }
-
-
-_inside: dict[Any, bool] = {}  # code object -> in torch or mpimesh
-_sites: dict[tuple[Any, int], str] = {}  # one string per line: a batch pickles it once
-
-
-def site(skip: int = 1) -> str:
-    """The first caller's line outside torch and mpimesh, ``file:line in function``.
-
-    ``skip``: frames known to be inside, from this function's caller up (the
-    dispatch path passes its own depth, so the walk starts at torch).
-    """
-    frame = sys._getframe(skip)
-    known = _inside.get
-    while frame.f_back is not None:
-        code = frame.f_code
-        inside = known(code)
-        if inside is None:
-            inside = _inside[code] = code.co_filename.startswith(_INTERNAL)
-        if not inside:
-            break
-        frame = frame.f_back
-    code = frame.f_code
-    key = (code, frame.f_lineno)
-    text = _sites.get(key)
-    if text is None:
-        if len(_sites) > 65536:
-            _sites.clear()
-        text = _sites[key] = f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
-    return text
 
 
 class Tensor(torch.Tensor):
@@ -89,6 +55,8 @@ class Tensor(torch.Tensor):
     _procs: ProcMesh
     _client: MeshClient
     _mkey: tuple[Any, ...]
+    #: what the fast path keys these handles by (_fast.fast)
+    _fast_key = "_mkey"
 
     @staticmethod
     def __new__(cls, meta: torch.Tensor | None, procs: ProcMesh, client: MeshClient, device: torch.device,
@@ -292,11 +260,19 @@ def _on_meta(kwargs: dict[str, Any]) -> bool:
     return device is not None and torch.device(device).type == "meta"
 
 
+#: A repeated operation's outcome for _fast.fast, filled from _RESULTS' entries.
+_FAST: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: ProcMesh | None) -> Any:
     """Run ``func`` on mesh tensors: compute the result's metadata here, queue the operation for the mesh."""
-    # This runs for every torch operation on a mesh tensor, so it is written for the common case
-    # (tensors and scalars as arguments, no containers): one pass over the arguments (T1 in
-    # docs/design/tensor.md).
+    # This runs for every torch operation on a mesh tensor (T1 in docs/design/tensor.md): a repeated
+    # one on handles and scalars is replayed by _fast.fast; the general path below is written for the
+    # common case too (tensors and scalars as arguments, no containers): one pass over the arguments.
+    if not kwargs:
+        result = fast(func, args, Tensor, _FAST, active)
+        if result is not MISS:
+            return result
     simple = True
     for a in args:
         if type(a) in _CONTAINERS:
@@ -361,6 +337,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: P
     out_ids: list[int | None] = []
     if spec is not None:
         result = _build(spec, leaves, procs, client, device, out_ids)
+        if not kwargs and spec[0] != "tuple" and (active is None or active is procs):
+            remember(_FAST, func, name, args, Tensor, spec[1] if spec[0] == "in" else None, spec[1:])
     else:
         out = _meta_call(func, args, kwargs)
         spec = _result_spec(out, leaves)
@@ -448,6 +426,13 @@ class _MeshMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self, procs: ProcMesh) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.procs = procs
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless this says no: four
+        # Python frames per operation (~2 us against T1's floor of ~5 on a quiet VM).  The wrapper
+        # keeps torch.compile from tracing into the mode; mesh tensors do not compile anyway.
+        return False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:

@@ -289,6 +289,21 @@ def test_a_failed_operation_poisons_what_depends_on_it_and_the_mesh_goes_on(proc
     assert mpimesh.inspect(after, gpus=0).tolist() == [14.0, 14.0]
 
 
+def test_a_repeated_operation_reports_its_own_line(procs: Any) -> None:
+    """From its third repetition an operation is replayed from a cache (T1): it still fails at its line."""
+    with procs.activate():
+        n = torch.ones(2, dtype=torch.int64)
+        results = [n // 0 for _ in range(4)]  # repeated-line
+        fine = [n + 1 for _ in range(4)]
+    line = line_of("# repeated-line")
+    for result in results:
+        with pytest.raises(mpimesh.RemoteTensorError, match=rf"issued at {re.escape(__file__)}:{line} in .*"
+                                                            r"ZeroDivisionError"):
+            mpimesh.inspect(result, gpus=1)
+    assert len({t._id for t in fine}) == 4
+    assert all(mpimesh.inspect(t, gpus=1).tolist() == [2, 2] for t in fine)
+
+
 # --- remote functions -----------------------------------------------------------------
 
 
