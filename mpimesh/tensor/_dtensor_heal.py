@@ -67,8 +67,15 @@ def check_lost(procs: ProcMesh, client: MeshClient, tensors: Iterable[Any], what
         SupervisionError: naming the tensor and the fix: ``broadcast_``
             over the dimensions it is replicated on, or making it again
             where its piece lived on the dead process only.
+        ValueError: the tensor was made before its mesh shrank (global
+            tensors do not follow a shrink).
     """
     for t in tensors:
+        if t._spec.mesh.size() != len(procs.view_shape):
+            raise ValueError(
+                f"tensor engine: {what}: {t!r} was placed over the mesh before it shrank, and global tensors do "
+                "not follow ProcMesh.shrink(); heal the mesh instead (mpimesh.heal_mesh(mesh)), or make them "
+                "again on the shrunk mesh (mpimesh.distribute(...), module_to_mesh(...))")
         try:
             client.check_use(procs, [t], what)
         except SupervisionError as exc:
