@@ -9,7 +9,8 @@ default process group is, from the rendezvous store torch gives every
 backend: each rank posts its MPI address (``(MPI world, rank)``); ranks of
 one MPI world (the launch pool, or one spawn) get a sub-communicator of
 ``MPI_COMM_WORLD`` with ``MPI_Comm_create_group``, collective over the
-members only; worlds that differ (pool ranks and spawned islands) are joined
+members only (``MPI_Comm_create_from_group`` once a process of the job has
+died, a world made again after a heal); worlds that differ (pool ranks and spawned islands) are joined
 island by island with ``MPI_Comm_accept``/``MPI_Comm_connect`` on ports the
 first rank opens and posts in the store, then merged.  Ranks of the result
 are torch's ranks.  This module imports no torch.
