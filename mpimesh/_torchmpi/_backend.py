@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .._data.buffers import cuda_support
-from .._transport.mpi import MPI
+from .._transport.mpi import MPI, alone
 from . import _world
 from ._work import MPIWork, Progress
 
@@ -128,7 +128,8 @@ class MPIProcessGroup(dist.ProcessGroup):
     def __init__(self, comm: MPI.Intracomm, world_ranks: list[int], timeout: timedelta, name: str) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())  # type: ignore[call-arg]
         self.comm = comm
-        self._big = comm.Dup()  # the runner thread's blocking all-reduces, ordered apart from comm's
+        with alone():  # a communicator's activation, as _world.island_comm makes it
+            self._big = comm.Dup()  # the runner thread's blocking all-reduces, ordered apart from comm's
         self.world_ranks = world_ranks
         self._timeout_s = timeout.total_seconds()
         self._label = f"process group {name!r} (mpimesh, {comm.Get_size()} ranks)"
@@ -473,7 +474,10 @@ class MPIProcessGroup(dist.ProcessGroup):
         self._progress.close()
         for comm in (self.comm, self._big):
             if comm != MPI.COMM_NULL:
-                comm.Free()
+                try:
+                    comm.Free()
+                except MPI.Exception:  # a member died (the world is left after a heal): nothing to free with
+                    pass
 
     def abort(self) -> None:
         """Stop the progress thread (the communicator's pending collectives are left to MPI)."""

@@ -9,7 +9,8 @@ default process group is, from the rendezvous store torch gives every
 backend: each rank posts its MPI address (``(MPI world, rank)``); ranks of
 one MPI world (the launch pool, or one spawn) get a sub-communicator of
 ``MPI_COMM_WORLD`` with ``MPI_Comm_create_group``, collective over the
-members only; worlds that differ (pool ranks and spawned islands) are joined
+members only (``MPI_Comm_create_from_group`` once a process of the job has
+died, a world made again after a heal); worlds that differ (pool ranks and spawned islands) are joined
 island by island with ``MPI_Comm_accept``/``MPI_Comm_connect`` on ports the
 first rank opens and posts in the store, then merged.  Ranks of the result
 are torch's ranks.  This module imports no torch.
@@ -20,10 +21,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol, cast
 
-from .._transport.mpi import MPI, dynamic
+from .._transport.mpi import MPI, alone, dynamic
 from ..context import context
 
-__all__ = ["Liveness", "World", "backend_choice", "forget", "join", "remember", "subgroup", "world"]
+__all__ = ["Liveness", "World", "backend_choice", "forget", "island_comm", "join", "join_islands", "remember",
+           "subgroup", "world"]
 
 Addr = tuple[int, int]
 
@@ -47,12 +49,16 @@ class World:
         rank: this process's rank in it.
         backend: what :func:`mpimesh.spmd.default_backend` gives here
             (None: nccl or gloo by device).
+        tag: not empty once a process of the job has died (a world made
+            again after a heal): the communicators are made from the group
+            alone, under this tag (:func:`island_comm`).
     """
 
-    def __init__(self, mesh: Liveness, rank: int, backend: str | None) -> None:
+    def __init__(self, mesh: Liveness, rank: int, backend: str | None, tag: str = "") -> None:
         self.mesh = mesh
         self.rank = rank
         self.backend = backend
+        self.tag = tag
 
     def dead(self, ranks: list[int] | None = None) -> dict[int, str]:
         """The world ranks among ``ranks`` (None: all) known dead here, each with the report of its death."""
@@ -66,10 +72,10 @@ _lock = threading.Lock()
 _world: list[World] = []  # at most one: the last world this process was set up for
 
 
-def remember(mesh: Liveness, rank: int, backend: str | None) -> None:
+def remember(mesh: Liveness, rank: int, backend: str | None, tag: str = "") -> None:
     """This process is rank ``rank`` of the world ``mesh`` (``setup_torch_elastic_env`` and the engine call it)."""
     with _lock:
-        _world[:] = [World(mesh, rank, backend)]
+        _world[:] = [World(mesh, rank, backend, tag)]
 
 
 def forget(mesh: Liveness) -> None:
@@ -94,20 +100,78 @@ def backend_choice() -> str | None:
 # --- making the communicators
 
 
-def _island_comm(island: int, addrs: list[Addr]) -> MPI.Intracomm:
-    """The members of ``addrs`` in this MPI world, in their order: collective over them only."""
-    comm = MPI.COMM_WORLD
-    group = comm.Get_group().Incl([r for i, r in addrs if i == island])
+def island_comm(addrs: list[Addr] | tuple[Addr, ...], island: int, tag: str = "",
+                group_tag: int = _WORLD_TAG) -> MPI.Intracomm:
+    """The members of ``addrs`` in MPI world ``island`` (this process's), in their order; collective over them only.
+
+    ``tag`` empty: ``MPI_Comm_create_group`` on ``MPI_COMM_WORLD`` (tag
+    ``group_tag``).  ``tag`` set (once a process of the job has died):
+    ``MPI_Comm_create_from_group`` under it, which involves the members
+    only; under ULFM ``MPI_Comm_create_group`` fails with
+    ``MPI_ERR_PROC_FAILED`` once the world holds a dead process, even for a
+    group without it.  Either is made while no other thread of the runtime
+    calls MPI (:func:`mpimesh._transport.mpi.alone`): both end in Open MPI's
+    communicator activation, which waited for ever beside the wire's polling
+    in about a third of the tries (tests/tensor/test_comm_from_group.py).
+    """
+    world = MPI.COMM_WORLD
+    group = world.Get_group().Incl([r for i, r in addrs if i == island])
     try:
-        return comm.Create_group(group, tag=_WORLD_TAG)
+        with alone():
+            if tag:
+                return MPI.Intracomm.Create_from_group(group, f"{tag}:{island}")
+            return world.Create_group(group, tag=group_tag)
     finally:
         group.Free()
+
+
+def join_islands(local: MPI.Intracomm, islands: list[int], mine: int, ports: list[str] | tuple[str, ...],
+                 rank: int) -> MPI.Intracomm | None:
+    """Join the islands' communicators into one, rank ``rank`` here; None if this process was left out.
+
+    ``local`` is this process's island's part (:func:`island_comm`, freed
+    here), ``mine`` its island's index in ``islands``, ``ports`` one port per
+    further island, opened by the first island's first member.  The first
+    island accepts each further island in turn (``MPI_Comm_accept``), the
+    joined part growing by one island at every step; the last ``Split``
+    orders the ranks.  The accept and the connect wait for the other side
+    and are made outside :func:`alone` (the wire must run meanwhile); the
+    merges and the split, between members already joined, are not.
+    """
+    joined: MPI.Intracomm | None = local if mine == 0 else None
+    for k in range(1, len(islands)):
+        if joined is not None:  # already in: accept island k
+            inter = joined.Accept(ports[k - 1], root=0)
+            with alone():
+                merged = inter.Merge(high=False)
+        elif k == mine:  # island k: connect
+            with dynamic:
+                inter = local.Connect(ports[k - 1], root=0)
+            with alone():
+                merged = inter.Merge(high=True)
+        else:
+            continue
+        inter.Free()
+        if joined is not None and joined is not local:
+            joined.Free()
+        joined = merged
+    if joined is None:
+        local.Free()
+        return None
+    with alone():
+        final = cast(MPI.Intracomm, joined.Split(0, rank))
+    if joined is not local:
+        joined.Free()
+    local.Free()
+    return final
 
 
 def join(store: Any, rank: int, size: int, timeout_s: float) -> MPI.Intracomm:
     """The communicator of the world's ``size`` processes, rank ``rank`` here; collective over them.
 
     ``store`` is the group's rendezvous store (keys under ``mpimesh/``).
+    After a death (a world remembered with a tag, :func:`remember`) each
+    island's part is made from the group alone (:func:`island_comm`).
 
     Raises:
         RuntimeError: this process is not an mpimesh process, or the store
@@ -124,56 +188,35 @@ def join(store: Any, rank: int, size: int, timeout_s: float) -> MPI.Intracomm:
     if len(set(addrs)) != size:
         raise RuntimeError(f"mpimesh backend: two ranks of the world are one MPI process ({addrs}); "
                            "give each rank its own process")
+    w = world()
     islands = list(dict.fromkeys(i for i, _ in addrs))
-    local = _island_comm(me[0], addrs)
+    local = island_comm(addrs, me[0], "" if w is None else w.tag)
     if len(islands) == 1:
         return local
-    return _join_islands(store, rank, addrs, islands, local)
-
-
-def _join_islands(store: Any, rank: int, addrs: list[Addr], islands: list[int],
-                  local: MPI.Intracomm) -> MPI.Intracomm:
-    # The first island accepts each further island in turn on a port of its own, the
-    # joined part growing by one island at every step; the last Split orders by torch rank.
-    mine = islands.index(addrs[rank][0])
     if rank == 0:
         ports = [MPI.Open_port() for _ in islands[1:]]
         store.set("mpimesh/ports", "\n".join(ports))
     else:
         ports = store.get("mpimesh/ports").decode().split("\n")
-    joined: MPI.Intracomm | None = local if mine == 0 else None
     try:
-        for k in range(1, len(islands)):
-            if joined is not None:
-                inter = joined.Accept(ports[k - 1], root=0)
-                merged = inter.Merge(high=False)
-            elif k == mine:
-                with dynamic:
-                    inter = local.Connect(ports[k - 1], root=0)
-                merged = inter.Merge(high=True)
-            else:
-                continue
-            inter.Free()
-            if joined is not None and joined is not local:
-                joined.Free()
-            joined = merged
+        final = join_islands(local, islands, islands.index(me[0]), ports, rank)
     finally:
         if rank == 0:
             for port in ports:
                 MPI.Close_port(port)
-    if joined is None:
+    if final is None:
         raise RuntimeError(f"mpimesh backend: rank {rank} was not joined to its world {addrs}")
-    final = cast(MPI.Intracomm, joined.Split(0, rank))
-    if joined is not local:
-        joined.Free()
-    local.Free()
     return final
 
 
 def subgroup(parent: MPI.Intracomm, ranks: list[int]) -> MPI.Intracomm:
-    """The communicator of ``parent``'s ``ranks``, in that order; collective over them only (``new_group``)."""
+    """The communicator of ``parent``'s ``ranks``, in that order; collective over them only (``new_group``).
+
+    Made under :func:`alone`, as :func:`island_comm` is.
+    """
     group = parent.Get_group().Incl(ranks)
     try:
-        return parent.Create_group(group, tag=_GROUP_TAG)
+        with alone():
+            return parent.Create_group(group, tag=_GROUP_TAG)
     finally:
         group.Free()

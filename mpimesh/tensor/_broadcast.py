@@ -8,11 +8,14 @@ data-parallel training goes on (docs/design/tensor.md, "Heal and shrink").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from torch.utils._pytree import tree_flatten
 
+from . import _dtensor_worker as _worker
 from ._commands import BCAST
+from ._dtensor import DTensor, _call, _ensure_world, _local_shape
+from ._dtensor_heal import replicated_dims
 from ._handle import Tensor, site
 from ._reduce import _dims
 
@@ -41,9 +44,17 @@ def broadcast_(t: Any, dims: str | tuple[str, ...] | list[str] | None = None, *,
     a group where no process (or not ``src``) holds one poisons the tensor
     there (``fetch_shard`` raises :class:`~mpimesh.RemoteTensorError`).
 
+    Global-view tensors (:class:`mpimesh.DTensor`: the parameters of
+    :func:`mpimesh.module_to_mesh`, their optimizer state) are copied the
+    same way, piece by piece, over ``dims`` on which they are replicated:
+    after a heal the replacement gets the piece its data-parallel peers
+    hold (``broadcast_([*model.parameters(), *momentum], "dp")``).
+
     Raises:
         TypeError: ``t`` holds something other than mesh tensors.
-        ValueError: tensors of several views, an unknown dimension, or ``src`` outside the group.
+        ValueError: tensors of several views, an unknown dimension, ``src`` outside the group, or a
+            global tensor that is not replicated over ``dims`` (its pieces differ: no survivor holds
+            another's), or mixed with per-process tensors.
         SupervisionError: a process of the view is dead (heal or shrink the mesh first).
     """
     leaves, _ = tree_flatten(t)
@@ -72,9 +83,53 @@ def broadcast_(t: Any, dims: str | tuple[str, ...] | list[str] | None = None, *,
     client = first._client
     if client.changed:
         client.check_use(procs, [], "broadcast_")  # a stale view raises; lost values are what this restores
+    if any(isinstance(leaf, DTensor) for leaf in leaves):
+        _broadcast_global(leaves, tuple(names), root)
+        return t
     key, groups = client.group(procs, tuple(names))
     metas = tuple((tuple(x.shape), x.dtype, str(x.device)) for x in leaves)
     ids = tuple(x._id for x in leaves)
     client.issue(shape, (BCAST, ids, metas, key, groups, root, site()))
     client.restored(procs, ids)
     return t
+
+
+def _broadcast_global(leaves: list[Tensor], names: tuple[str, ...], root: int | None) -> None:
+    """``broadcast_`` of global tensors: each process's piece, as a per-process tensor's value, then rewrapped.
+
+    The piece of each tensor replaces it in the workers' tables
+    (``to_local``), goes out as a per-process ``broadcast_`` (a replacement
+    holds none and receives it), and becomes the process's share of the
+    DTensor again, on the mesh's world, made again first if the mesh was
+    healed.
+    """
+    first = leaves[0]
+    procs, client = first._procs, first._client
+    labels = procs.view_shape.labels
+    metas = []
+    for leaf in leaves:
+        if not isinstance(leaf, DTensor):
+            raise ValueError(f"tensor engine: broadcast_ mixes global tensors and {leaf!r}; "
+                             "broadcast per-process tensors apart")
+        for name in names:
+            p = leaf.placements[labels.index(name)]
+            if not p.is_replicate():
+                raise ValueError(
+                    f"tensor engine: broadcast_ over {name!r}: {leaf!r} is {p} there, each process holding its own "
+                    "piece, which no other process can give; broadcast over the dimensions it is replicated on "
+                    f"({replicated_dims(leaf)}), or make it again (mpimesh.distribute(...))")
+        pieces = {tuple(_local_shape(leaf._spec, r)) for r in range(len(procs.view_shape))}
+        if len(pieces) > 1:
+            raise ValueError(f"tensor engine: broadcast_ of {leaf!r}: its pieces differ in shape ({sorted(pieces)}); "
+                             "redistribute it to placements that split it evenly first")
+        metas.append((next(iter(pieces)), leaf.dtype, str(leaf.device)))
+    world = _ensure_world(procs, client, first.device)
+    for leaf in leaves:
+        _call(procs, client, _worker.to_local, (leaf,), (leaf._id,))
+    key, groups = client.group(procs, names)
+    ids = tuple(x._id for x in leaves)
+    client.issue(procs.view_shape, (BCAST, ids, tuple(metas), key, groups, root, site()))
+    for leaf in cast(list[DTensor], leaves):  # checked above
+        _call(procs, client, _worker.from_local, (world, leaf, leaf.placements, leaf.shape, leaf.stride()),
+              (leaf._id,))
+    client.restored(procs, ids)

@@ -17,7 +17,8 @@ from typing import Any, cast
 import torch
 
 from .._data.buffers import cuda_support
-from .._transport.mpi import MPI, alone
+from .._torchmpi._world import island_comm, join_islands
+from .._transport.mpi import MPI
 from ..rma import empty_fast
 
 __all__ = ["Communicators", "broadcast", "reduce"]
@@ -61,7 +62,8 @@ class Communicators:
         members joined so far accept (``MPI_Comm_accept`` on a port the
         first member opened, one port per further island), the next island's
         members connect, and the two sides merge; a final split puts the
-        ranks in group order.
+        ranks in group order (:func:`mpimesh._torchmpi._world.join_islands`,
+        which the ``"mpimesh"`` backend's world joins by too).
 
         ``tag`` (not empty once a process of the job has died): each
         island's part is made with ``MPI_Comm_create_from_group`` under that
@@ -78,48 +80,19 @@ class Communicators:
             comm = self._comms[members] = self._make(members, ports, tag)
         return comm
 
-    def _island_comm(self, island: int, members: tuple[Addr, ...], tag: str = "") -> MPI.Intracomm:
-        ranks = [r for i, r in members if i == island]
-        world = MPI.COMM_WORLD
-        group = world.Get_group().Incl(ranks)
-        try:
-            if tag:
-                with alone():
-                    return MPI.Intracomm.Create_from_group(group, f"{tag}:{island}")
-            return world.Create_group(group, tag=7713)
-        finally:
-            group.Free()
-
     def _make(self, members: tuple[Addr, ...], ports: tuple[str, ...], tag: str = "") -> MPI.Intracomm:
         islands = list(dict.fromkeys(i for i, _ in members))
-        mine = islands.index(self.me[0])
-        local = self._island_comm(self.me[0], members, tag)
+        local = island_comm(members, self.me[0], tag, group_tag=7713)
         if len(islands) == 1:
             return local
         if len(ports) != len(islands) - 1:
+            local.Free()
             raise ValueError(f"tensor engine: joining {len(islands)} islands needs {len(islands) - 1} ports, "
                              f"got {len(ports)}")
-        joined: MPI.Intracomm | None = local if mine == 0 else None
-        for k in range(1, len(islands)):
-            if joined is not None:  # already in: accept island k
-                inter = joined.Accept(ports[k - 1], root=0)
-                merged = inter.Merge(high=False)
-            elif k == mine:  # island k: connect
-                inter = local.Connect(ports[k - 1], root=0)
-                merged = inter.Merge(high=True)
-            else:
-                continue
-            inter.Free()
-            if joined is not None and joined is not local:
-                joined.Free()
-            joined = merged
-        if joined is None:
+        final = join_islands(local, islands, islands.index(self.me[0]), ports, members.index(self.me))
+        if final is None:
             raise RuntimeError(f"tensor engine: {self.me} was not joined to its group {members}")
-        final = cast(MPI.Intracomm, joined.Split(0, members.index(self.me)))
-        if joined is not local:
-            joined.Free()
-        local.Free()
-        if mine == 0 and self.me == members[0]:
+        if self.me == members[0]:
             for port in ports:
                 MPI.Close_port(port)
                 if port in self._ports:

@@ -32,6 +32,8 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from ..errors import RemoteTensorError
+from . import _dtensor_heal as _heal
 from . import _dtensor_worker as _worker
 from . import _mesh
 from ._client import MeshClient, client_of
@@ -71,8 +73,9 @@ _LEAVE_TIMEOUT = 30.0
 #: Per mesh view: the controller's process-group-less DeviceMesh that propagation runs on.
 _DEVICE_MESHES: dict[Any, DeviceMesh] = {}
 
-#: The workers' torch.distributed worlds made so far, by key (one per mesh view and device type).
-_WORLDS: set[Any] = set()
+#: The workers' torch.distributed worlds made so far, by key (one per mesh view and device type), each
+#: with the mesh's heal count it was made at (a heal makes it again over the new members).
+_WORLDS: dict[Any, int] = {}
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ class DTensor(Tensor):
             raise ValueError(f"to_local: the pieces of {self!r} differ in shape ({sorted(shapes)}); "
                              "redistribute to placements that split it evenly first")
         meta = torch.empty(next(iter(shapes)), dtype=self.dtype, device="meta")
+        if self._client.changed:
+            _healed(self._procs, self._client, self.device, [self], "to_local")
         out = mesh_tensor(meta, self._procs, self._client, self.device)
         _call(self._procs, self._client, _worker.to_local, (self,), (out._id,))
         return out
@@ -176,6 +181,8 @@ class _Redistribute(torch.autograd.Function):
 
 
 def _redistributed(t: DTensor, spec: DTensorSpec) -> DTensor:
+    if t._client.changed:
+        _healed(t._procs, t._client, t.device, [t], "redistribute")
     out = _handle(t.shape, t.stride(), t.dtype, spec, t._procs, t._client, t.device)
     _call(t._procs, t._client, _worker.redistribute, (t, spec.placements), (out._id,))
     return out
@@ -279,28 +286,37 @@ def _ensure_world(procs: ProcMesh, client: MeshClient, device: torch.device) -> 
     """The key of ``procs``'s torch.distributed world on the workers, made on first use (blocks once)."""
     shape = procs.view_shape
     key = ("mpimesh-dtensor", procs.mesh_id, shape.labels, shape.sizes, tuple(shape.ranks()), device.type)
-    if key in _WORLDS:
+    if _WORLDS.get(key) == client.epoch:
         return key
     members = list(shape.ranks())  # each process's index in the base mesh, in the world's rank order
     one_host = len(set(procs.hostnames)) == 1  # type: ignore[attr-defined]
     meta = torch.empty(_worker.ADDRESS_BYTES, dtype=torch.uint8, device="meta")
     answer = mesh_tensor(meta, procs, client, torch.device("cpu"))
-    _call(procs, client, _worker.listen, (key, members, one_host), (answer._id,))
+    _call(procs, client, _worker.listen, (key, members, one_host, client.epoch), (answer._id,))
     first = shape.coordinates(0)
     address = bytes(fetch_shard(answer, first).get().tolist()).rstrip(b"\0").decode()
     done = mesh_tensor(torch.empty(0, device="meta"), procs, client, torch.device("cpu"))
-    _call(procs, client, _worker.join_world,
-          (key, members, list(shape.sizes), list(shape.labels), address, device.type), (done._id,))
+    # after a heal: made again over the new members, from the group alone (a process of the job is dead)
+    tag = f"mpimesh.dtensor:{procs.mesh_id}:{client.epoch}" if client.changed else ""
+    _call(procs, client, _worker.join_world, (key, members, list(shape.sizes), list(shape.labels), address,
+                                              device.type, client.epoch, tag, procs), (done._id,))
     fetch_shard(done, first).get()  # raises here if the world could not be made
-    _WORLDS.add(key)
+    _WORLDS[key] = client.epoch
     # Leave the world when the mesh stops: a pool process goes back to the pool and may join another
     # one, and a spawned one with gloo's threads running did not exit within the shutdown timeout.
-    procs.attach(f"mpimesh.dtensor:{key}", lambda: key, lambda k: _leave(procs, client, k))
+    procs.attach(f"mpimesh.dtensor:{key}", lambda: _heal.Joined(key, lambda k: _leave(procs, client, k)),
+                 _heal.Joined.close)
     return key
 
 
+def _healed(procs: ProcMesh, client: MeshClient, device: torch.device, tensors: list[Any], what: str) -> None:
+    """Since the mesh was healed: a global tensor that lost its piece raises; the workers' world is made again."""
+    _heal.check_lost(procs, client, [t for t in tensors if isinstance(t, DTensor)], what)
+    _ensure_world(procs, client, device)
+
+
 def _leave(procs: ProcMesh, client: MeshClient, key: Any) -> None:
-    _WORLDS.discard(key)
+    _WORLDS.pop(key, None)
     left = mesh_tensor(torch.empty(0, device="meta"), procs, client, torch.device("cpu"))
     _call(procs, client, _worker.leave_world, (key,), (left._id,))
     try:
@@ -331,12 +347,17 @@ def distribute_global(local: torch.Tensor, procs: Any, spec: Sequence[Any]) -> D
 
 
 def _fetch_full(t: DTensor) -> torch.Tensor:
-    block = _even_block(t._spec)
-    if block is not None:
-        return _fetch_pieces(t, block)
-    out = mesh_tensor(t._meta, t._procs, t._client, t.device)
-    _call(t._procs, t._client, _worker.full, (t,), (out._id,))
-    return fetch_shard(out, t._procs.view_shape.coordinates(0)).get()
+    if t._client.changed:
+        _healed(t._procs, t._client, t.device, [t], "full_tensor")
+    try:
+        block = _even_block(t._spec)
+        if block is not None:
+            return _fetch_pieces(t, block)
+        out = mesh_tensor(t._meta, t._procs, t._client, t.device)
+        _call(t._procs, t._client, _worker.full, (t,), (out._id,))
+        return fetch_shard(out, t._procs.view_shape.coordinates(0)).get()
+    except RemoteTensorError as exc:  # a process died in a collective: SupervisionError, as for a dead process
+        raise _heal.failure(t._procs, "full_tensor", exc) from exc
 
 
 def _fetch_pieces(t: DTensor, block: list[int]) -> torch.Tensor:
@@ -530,6 +551,8 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return func(*tree_map(lambda x: _fetch_full(x) if isinstance(x, DTensor) else x, args),
                     **tree_map(lambda x: _fetch_full(x) if isinstance(x, DTensor) else x, kwargs))
     procs, client, device = first._procs, first._client, first.device
+    if client.changed:  # the mesh was healed: a lost piece raises, the workers' world is made again
+        _healed(procs, client, device, leaves, str(func))
     try:
         key: Any = (id(func), tuple(parts), shape_of_args)
         cached = _RECIPES.get(key)

@@ -29,12 +29,13 @@ from torch.distributed.tensor.experimental import implicit_replication
 
 from .._torchmpi import _backend as _mpi
 from .._torchmpi import _world as _mpi_world
-from ..context import context, current_rank
+from ..context import current_rank
 from ._engine import resolve_op
 from ._op_rules import by_decomposition, decomposed
 
 __all__ = [
-    "BACKEND_VARIABLE", "backend", "bucket_finish", "bucket_start", "contiguous_stride", "distribute_local", "full",
+    "BACKEND_VARIABLE", "backend", "bucket_finish", "bucket_start", "contiguous_stride", "distribute_local",
+    "from_local", "full",
     "join_world", "leave_world", "listen", "redistribute", "run_op", "to_local",
 ]
 
@@ -50,10 +51,12 @@ ADDRESS_BYTES = 256
 COLLECTIVE_TIMEOUT = 300
 
 #: This process's device mesh per controller mesh key, the store rank 0 of a world serves, and the
-#: world's processes as the MPI backend watches them.
+#: world's processes as the MPI backend watches them (the controller's mesh view).
 _MESHES: dict[Any, DeviceMesh] = {}
 _STORES: dict[Any, Any] = {}
-_MEMBERS: dict[Any, _Members] = {}
+_MEMBERS: dict[Any, Any] = {}
+#: The heals of each controller mesh this process's world was made after (:func:`join_world`).
+_GENERATION: dict[Any, int] = {}
 #: Gradient buckets whose all-reduce runs: the flat tensor's id -> its work and the mesh dimensions left.
 _BUCKETS: dict[int, tuple[Any, list[int]]] = {}
 
@@ -74,28 +77,14 @@ def backend(device: str) -> str:
     return chosen
 
 
-class _Members:
-    """A world's processes as the MPI backend watches them: world rank ``r`` is ``members[r]`` of the base mesh.
+def listen(key: Any, ranks: list[int], one_host: bool, generation: int) -> torch.Tensor:
+    """On the world's rank 0: serve its rendezvous store; its address as bytes (zeros elsewhere).
 
-    Args:
-        base: the mesh the engine actors run on, flat (its rank ``i`` is the controller's member ``i``).
-        members: the world's processes by their base-mesh rank, in world rank order.
+    ``generation`` counts the heals of the mesh: a world made before the
+    last heal is made again (:func:`join_world`), with a store of its own.
     """
-
-    def __init__(self, base: Any, members: list[int]) -> None:
-        self._base = base
-        self._members = members
-
-    def dead(self) -> dict[int, str]:
-        """The world ranks known dead, each with the report of its death."""
-        dead = self._base.dead()
-        return {r: dead[m] for r, m in enumerate(self._members) if m in dead} if dead else {}
-
-
-def listen(key: Any, ranks: list[int], one_host: bool) -> torch.Tensor:
-    """On the world's rank 0: serve its rendezvous store; its address as bytes (zeros elsewhere)."""
     answer = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
-    if ranks.index(current_rank().rank) != 0 or key in _MESHES:
+    if ranks.index(current_rank().rank) != 0 or _GENERATION.get(key) == generation:
         return answer
     host = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
     store = TCPStore(host, 0, len(ranks), is_master=True, wait_for_workers=False)
@@ -106,14 +95,28 @@ def listen(key: Any, ranks: list[int], one_host: bool) -> torch.Tensor:
 
 
 def join_world(key: Any, ranks: list[int], sizes: list[int], names: list[str], address: str,
-               device: str) -> torch.Tensor:
+               device: str, generation: int, tag: str, procs: Any) -> torch.Tensor:
     """Join the world of controller mesh ``key`` and make its device mesh (collective over the mesh).
+
+    After a heal (``generation`` is new here) the survivors leave the world
+    they were in, whose communicators hold a dead process, and every process
+    joins a new one over the mesh's members now; ``tag`` (not empty after a
+    death) has the communicators made from the group alone.  A survivor's
+    device mesh stays the same object, its process groups replaced by the
+    new world's, so the DTensors it holds go on over the new members.
+    ``procs`` (the controller's mesh view as it is now, world rank ``r`` its
+    rank ``r``) is what the MPI backend watches: a dead member fails the
+    pending collectives (this process's own reference to the mesh still
+    names the dead processes after a heal).
 
     Raises:
         RuntimeError: this process is in another torch.distributed world already.
     """
-    if key in _MESHES:
+    if _GENERATION.get(key) == generation:
         return torch.zeros(0)
+    old = _MESHES.get(key)
+    if old is not None:
+        _leave_broken(key)
     rank, world = ranks.index(current_rank().rank), len(ranks)
     if dist.is_initialized():
         raise RuntimeError(
@@ -125,13 +128,19 @@ def join_world(key: Any, ranks: list[int], sizes: list[int], names: list[str], a
     store = _STORES.get(key)
     if store is None:
         store = TCPStore(host, int(port), world, is_master=False)
-    members = _Members(context().actor_instance.proc_mesh.base_mesh(), ranks)
-    _mpi_world.remember(members, rank, None)  # a dead member fails the MPI backend's pending collectives
-    _MEMBERS[key] = members
+    _mpi_world.remember(procs, rank, None, tag)
+    _MEMBERS[key] = procs
     dist.init_process_group(backend(device), store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=COLLECTIVE_TIMEOUT))
-    mesh = torch.arange(world).view(sizes)
-    _MESHES[key] = DeviceMesh(device, mesh, mesh_dim_names=tuple(names))
+    mesh = DeviceMesh(device, torch.arange(world).view(sizes), mesh_dim_names=tuple(names))
+    if old is not None:
+        # DTensors hold their device mesh, which finds its process groups by name at each use:
+        # the survivor's mesh object takes the new world's groups, and its DTensors follow.
+        old._dim_group_names = mesh._dim_group_names
+        old._pg_registry = mesh._pg_registry
+        mesh = old
+    _MESHES[key] = mesh
+    _GENERATION[key] = generation
     # DTensor warns once per process that a reduction over two mesh dimensions takes two all-reduces
     # (every data-and-tensor-parallel gradient): a hint for SPMD scripts, noise in the controller's output.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -140,13 +149,24 @@ def join_world(key: Any, ranks: list[int], sizes: list[int], names: list[str], a
 
 def leave_world(key: Any) -> torch.Tensor:
     """Leave the world of controller mesh ``key`` (the mesh is stopping): the process may join another."""
-    if _MESHES.pop(key, None) is not None and dist.is_initialized():
-        dist.destroy_process_group()
+    _GENERATION.pop(key, None)
+    if _MESHES.pop(key, None) is not None:
+        _leave_broken(key)
     _STORES.pop(key, None)
+    return torch.zeros(0)
+
+
+def _leave_broken(key: Any) -> None:
+    """Destroy this process's world of ``key``, which may hold a dead process: nothing here waits for the others."""
+    _BUCKETS.clear()  # their all-reduces ran on the old groups: failed, or never waited for now
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: S110  (a communicator with a dead member may not free: the world is gone anyway)
+            pass
     members = _MEMBERS.pop(key, None)
     if members is not None:
         _mpi_world.forget(members)
-    return torch.zeros(0)
 
 
 def distribute_local(key: Any, local: torch.Tensor, placements: tuple[Placement, ...]) -> DTensor:
@@ -166,6 +186,12 @@ def run_op(name: str, *args: Any, **kwargs: Any) -> Any:
         if by_decomposition(op):  # no DTensor rule: its kernel would see the pieces' shapes (._op_rules)
             return decomposed(op, *args, **kwargs)
         return op(*args, **kwargs)
+
+
+def from_local(key: Any, local: torch.Tensor, placements: tuple[Placement, ...], shape: torch.Size,
+               stride: tuple[int, ...]) -> DTensor:
+    """This process's piece ``local`` as its share of a DTensor of ``shape`` (``broadcast_`` of a global tensor)."""
+    return DTensor.from_local(local, _MESHES[key], list(placements), run_check=False, shape=shape, stride=stride)
 
 
 def full(t: DTensor) -> torch.Tensor:
