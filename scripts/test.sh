@@ -12,15 +12,22 @@
 #      running job on a 3-node Slurm of simulated hosts (.ci/slurm-hosts-tests.sh).
 # Every step is bounded; the script stops at the first failure.
 #
-# Variables: MPIMESH_TEST_MPICH=0 skips MPICH; MPIMESH_TEST_SLURM=0 skips SLURM;
+# Variables: MPIMESH_TEST_REPORTS=DIR keeps the JUnit reports; MPIMESH_TEST_MPICH=0 skips MPICH; MPIMESH_TEST_SLURM=0 skips SLURM;
 # MPIMESH_TEST_MULTIHOST=0 skips the run across simulated hosts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 
 # Every pytest run writes a JUnit report here; the last line sums them up.
-reports=$(mktemp -d)
-trap 'rm -rf "$reports"' EXIT
+# MPIMESH_TEST_REPORTS=DIR (an empty one: every report in it is summed) keeps them in DIR (per-test and per-module times, to
+# find where CI's time goes); otherwise they go with the run.
+if [ -n "${MPIMESH_TEST_REPORTS:-}" ]; then
+  reports=$MPIMESH_TEST_REPORTS
+  mkdir -p "$reports"
+else
+  reports=$(mktemp -d)
+  trap 'rm -rf "$reports"' EXIT
+fi
 run_no=0
 # Each step's header says when it began, so a slow step shows in the log.
 step() { echo "== $* [$(date -u +%H:%M:%S), ${SECONDS}s in]"; }
