@@ -14,10 +14,11 @@ from torch.utils._pytree import tree_flatten
 
 from . import _dtensor_worker as _worker
 from ._commands import BCAST
-from ._dtensor import DTensor, _call, _ensure_world, _local_shape
+from ._dtensor import DTensor, _call, _ensure_world
 from ._dtensor_heal import replicated_dims
 from ._handle import Tensor, site
 from ._reduce import _dims
+from ._specs import local_shape as _local_shape
 
 __all__ = ["broadcast_"]
 
