@@ -466,6 +466,7 @@ def stop_procs(key: Key, addrs: list[Addr], reason: str) -> Future[None]:
     if node is not None:
         for error in node.close(reason, settings.cleanup_timeout, itself=False):
             warn(f"stopping what {node.name} owns: {error}")
+    rt.owners.forget_actor_meshes_on(addrs)
     return release_procs(addrs, reason)
 
 

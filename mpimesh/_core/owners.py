@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from enum import Enum
 from typing import Any
@@ -206,6 +206,19 @@ class Owners:
         if node is not None:
             self.forget(node)
         return node
+
+    def forget_actor_meshes_on(self, addrs: Iterable[tuple[int, int]]) -> None:
+        """The processes ``addrs`` are being stopped: forget the actor meshes that live only on them.
+
+        Their actors stop with their processes.  Left in the tree, their
+        owner's own stop would later send STOP to processes that are gone
+        (a spawned island's route with them) and wait out the cleanup bound.
+        """
+        gone = set(addrs)
+        for node in self.of_kind(Kind.ACTOR_MESH):
+            mesh_addrs = getattr(node.payload, "addrs", None)
+            if mesh_addrs and gone.issuperset(mesh_addrs):
+                self.forget(node)
 
     def get(self, key: Any) -> Node | None:
         """The node of ``key``, if it is in the tree."""

@@ -9,6 +9,7 @@ from mpitest import spawning
 
 from mpimesh import Actor, ProcMesh, endpoint, host_mesh, this_host, this_proc
 from mpimesh._core.current import current
+from mpimesh._core.owners import Kind
 
 pytestmark = pytest.mark.mesh
 
@@ -145,6 +146,20 @@ def test_actor_spawns_its_own_processes() -> None:
         procs.stop().get(30)
 
 
+def test_stopping_processes_drops_their_actor_meshes_from_the_owner() -> None:
+    """An actor that stopped processes it spawned keeps no actor mesh on them: its own stop sends nothing there.
+
+    Kept, its stop sent STOP to processes that were gone (a spawned
+    island's route with them) and waited out the cleanup bound (3 s).
+    """
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        parent = procs.spawn("parent", Parent)
+        assert parent.grow_and_count.call_one().get(60) == (1, 0)  # type: ignore[attr-defined]
+    finally:
+        procs.stop().get(30)
+
+
 class Parent(Actor):
     @endpoint
     def grow(self) -> list[int]:
@@ -152,6 +167,14 @@ class Parent(Actor):
         pids = [pid for pid, _ in children.spawn("kid", Where).where.call().get(30).values()]
         children.stop().get(30)
         return pids
+
+    @endpoint
+    def grow_and_count(self) -> tuple[int, int]:
+        children = this_host().spawn_procs(per_host={"kids": 2})
+        children.spawn("kid", Where).where.call().get(30)
+        before = len(current().owners.of_kind(Kind.ACTOR_MESH))
+        children.stop().get(30)
+        return before, len(current().owners.of_kind(Kind.ACTOR_MESH))
 
 
 def test_a_process_that_said_bye_is_not_declared_dead_by_mpi() -> None:
