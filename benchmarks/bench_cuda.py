@@ -1,0 +1,200 @@
+"""B4 on the GPU: a 64 MiB CUDA tensor as an endpoint argument, and a 4 MiB engine reduction of CUDA tensors.
+
+Run on a machine with a GPU (the worker comes from the launch pool, the raw
+baselines run in the same job)::
+
+    mpiexec --oversubscribe --bind-to none -n 3 python -m mpimesh benchmarks/bench_cuda.py
+
+Without a CUDA-aware MPI (neither PyPI wheel is one) a CUDA tensor is staged
+through page-locked host memory: device to host on the sender, ``Send``,
+host to device on the receiver.  The baselines do exactly that by hand with
+mpi4py: the controller copies the tensor into a reused pinned buffer and
+``Send``s it; the worker ``Recv``s into its pinned buffer, copies it to its
+GPU, synchronizes and acknowledges with one byte.  Also measured: the same
+exchange of host memory alone (no GPU copies), what the machine's MPI gives.
+
+The reduction: inside ``activate()``, ``t.reduce("gpus", "sum")`` of a 4 MiB
+CUDA tensor on two workers, fetched back (synchronizes), against a raw
+mpi4py ``Allreduce`` of pinned copies with the same copies to and from the
+GPU, between the same two workers.  Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from _common import TAG, emit, gbps, median, r, watchdog
+from mpi4py import MPI
+
+import mpimesh
+from mpimesh import Actor, endpoint, this_host
+from mpimesh._data.buffers import cuda_support
+
+MIB64 = 64 * 1024 * 1024
+#: ``cpu`` checks this script's logic on a machine without a GPU (the figures then mean nothing).
+DEVICE = os.environ.get("BENCH_CUDA_DEVICE", "cuda")
+RAW_TAG = TAG + 20
+
+
+def pinned(nbytes: int) -> torch.Tensor:
+    """A reused, faulted-in, page-locked host buffer."""
+    buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    buf.fill_(1)
+    return buf
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work (nothing to wait for on the CPU)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+class Receiver(Actor):
+    """The endpoint under test, and the worker halves of the raw baselines."""
+
+    @endpoint
+    def ignore(self, x: torch.Tensor) -> str:
+        return str(x.device)
+
+    @endpoint
+    def rank(self) -> int:
+        return MPI.COMM_WORLD.Get_rank()
+
+    @endpoint
+    def raw_peer(self, nbytes: int, reps: int, to_gpu: bool) -> int:
+        world = MPI.COMM_WORLD
+        host = pinned(nbytes)
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
+        ack = np.zeros(1, np.uint8)
+        for _ in range(reps):
+            world.Recv(host.numpy(), 0, RAW_TAG)
+            if to_gpu:
+                dev.copy_(host, non_blocking=True)
+                sync()
+            world.Send(ack, 0, RAW_TAG)
+        return reps
+
+    @endpoint
+    def raw_allreduce(self, ranks: list[int], numel: int, reps: int) -> list[float]:
+        world = MPI.COMM_WORLD
+        group = world.Get_group().Incl(ranks)
+        comm = world.Create_group(group, tag=RAW_TAG)
+        group.Free()
+        dev = torch.ones(numel, device=DEVICE)
+        send, recv = pinned(numel * 4).view(torch.float32), pinned(numel * 4).view(torch.float32)
+        out = []
+        try:
+            for _ in range(reps):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                send.copy_(dev)
+                comm.Allreduce(send.numpy(), recv.numpy(), MPI.SUM)
+                dev.copy_(recv, non_blocking=True)
+                sync()
+                comm.Barrier()
+                out.append(time.perf_counter() - t0)
+        finally:
+            comm.Free()
+        return out
+
+
+def timed(fn: Any, n: int) -> float:
+    """Median seconds of ``n`` calls of ``fn``."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    watchdog()
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_cuda.py: no CUDA device here; run it on a machine with a GPU")
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = procs.spawn("cuda", Receiver)
+    mesh.initialized.get(60)
+    one = mesh.slice(gpus=0)
+    ranks = [one.rank.call_one().get(60), mesh.slice(gpus=1).rank.call_one().get(60)]
+    x = torch.randn(MIB64 // 4, device=DEVICE)
+    host = pinned(MIB64)
+    ack = np.zeros(1, np.uint8)
+    world = MPI.COMM_WORLD
+    from_pool = world.Get_size() > max(ranks)
+
+    def raw(to_gpu: bool) -> float:
+        fut = one.raw_peer.call_one(MIB64, args.calls + 2, to_gpu)
+        secs = []
+        for _ in range(args.calls + 2):
+            t0 = time.perf_counter()
+            if to_gpu:
+                host.copy_(x.view(torch.uint8))
+            world.Send(host.numpy(), ranks[0], RAW_TAG)
+            world.Recv(ack, ranks[0], RAW_TAG)
+            secs.append(time.perf_counter() - t0)
+        fut.get(120)
+        return statistics.median(secs[2:])
+
+    numel = 1 << 20
+    ours, base, host_only, red, red_base = [], [], [], [], []
+    for _ in range(args.repeats):
+        assert one.ignore.call_one(x).get(60) == str(x.device)
+        ours.append(timed(lambda: one.ignore.call_one(x).get(60), args.calls))
+        if from_pool:
+            base.append(raw(True))
+            host_only.append(raw(False))
+        with procs.activate():
+            t = torch.ones(numel, device=DEVICE)
+
+        def reduce_once(t: Any = t) -> None:
+            with procs.activate():
+                out = t.reduce("gpus", "sum")[:1]
+            mpimesh.inspect(out, gpus=0)
+
+        reduce_once()
+        red.append(timed(reduce_once, args.calls))
+        if from_pool:
+            futs = [mesh.slice(gpus=g).raw_allreduce.call_one(ranks, numel, args.calls + 2) for g in (0, 1)]
+            red_base.append(statistics.median(futs[0].get(120)[2:]))
+            futs[1].get(120)
+
+    record = {
+        "bench": "B4-cuda",
+        "what": "64 MiB CUDA tensor as an endpoint argument (no-op endpoint); 4 MiB reduce of CUDA tensors",
+        "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE,
+        "cuda_aware": cuda_support().aware,
+        "calls": args.calls,
+        "repeats": args.repeats,
+        "arg_ms": r(median(ours) * 1e3),
+        "arg_gbps": gbps(median(ours) * 1e3),
+        "baseline": "same job: controller copies to a pinned buffer and Sends; worker Recvs into pinned, copies to "
+                    "its GPU, synchronizes, acks one byte",
+        "baseline_ms": r(median(base) * 1e3) if base else None,
+        "baseline_gbps": gbps(median(base) * 1e3) if base else None,
+        "ratio_gbps": r(median(base) / median(ours)) if base else None,
+        "host_only_ms": r(median(host_only) * 1e3) if host_only else None,
+        "host_only_gbps": gbps(median(host_only) * 1e3) if host_only else None,
+        "reduce_ms": r(median(red) * 1e3),
+        "reduce_baseline": "same two workers: pinned copy, Allreduce, copy back to the GPU, synchronize",
+        "reduce_baseline_ms": r(median(red_base) * 1e3) if red_base else None,
+        "reduce_ratio": r(median(red) / median(red_base)) if red_base else None,
+        "pid": os.getpid(),
+    }
+    procs.stop().get(60)
+    emit(record)
+
+
+if __name__ == "__main__":
+    main()
