@@ -114,6 +114,31 @@ def timed(fn: Any, n: int) -> float:
     return statistics.median(out)
 
 
+def copies(calls: int) -> dict[str, float | None]:
+    """Milliseconds of each way a 64 MiB tensor gets off and onto the GPU in this process (no MPI)."""
+    x = torch.randn(MIB64 // 4, device=DEVICE)
+    dev = torch.empty_like(x)
+    pin = pinned(MIB64).view(torch.float32)
+    page = torch.ones(MIB64 // 4)
+
+    def h2d(src: torch.Tensor) -> None:
+        dev.copy_(src, non_blocking=True)
+        sync()
+
+    def via_pinned() -> None:
+        pin.copy_(page)
+        h2d(pin)
+
+    ways = {"d2h_fresh_pageable": lambda: x.cpu(), "d2h_reused_pageable": lambda: page.copy_(x),
+            "d2h_pinned": lambda: pin.copy_(x), "h2d_pageable": lambda: h2d(page),
+            "h2d_memcpy_then_pinned": via_pinned, "h2d_pinned": lambda: h2d(pin)}
+    out = {}
+    for name, fn in ways.items():
+        fn()
+        out[f"{name}_ms"] = r(timed(fn, calls) * 1e3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=10)
@@ -123,6 +148,7 @@ def main() -> None:
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_cuda.py: no CUDA device here; run it on a machine with a GPU")
 
+    local_copies = copies(args.calls)
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     mesh = procs.spawn("cuda", Receiver)
     mesh.initialized.get(60)
@@ -190,7 +216,8 @@ def main() -> None:
         "reduce_baseline": "same two workers: pinned copy, Allreduce, copy back to the GPU, synchronize",
         "reduce_baseline_ms": r(median(red_base) * 1e3) if red_base else None,
         "reduce_ratio": r(median(red) / median(red_base)) if red_base else None,
-        "pid": os.getpid(),
+        "copies": local_copies,
+        "copies_note": "64 MiB off and onto the GPU in the controller's process, no MPI",
     }
     procs.stop().get(60)
     emit(record)

@@ -41,7 +41,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_dev
 sys.exit(c.main(["info"]))'
 step cuda_job 200 "$py" -m pytest -q -p no:cacheprovider -rA tests/tensor/test_cuda_job.py tests/tensor/test_staging.py
 step bench_cuda 120 "${mpirun[@]}" -n 3 "$py" -m mpimesh benchmarks/bench_cuda.py
-step mesh_gpu 200 "${mpirun[@]}" -n 3 "$py" -m mpimesh -m pytest --with-mpi -m mesh -q -p no:cacheprovider -x \
-  tests/data tests/tensor/test_engine.py tests/tools/test_spmd.py
+step mesh_gpu 240 "${mpirun[@]}" -n 3 "$py" -m mpimesh -m pytest --with-mpi -m mesh -q -p no:cacheprovider \
+  tests/data tests/tensor tests/tools/test_spmd.py tests/tools/test_mpi_backend.py
 echo "== failed steps: $failed"
 exit "$failed"

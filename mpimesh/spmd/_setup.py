@@ -21,11 +21,12 @@ LOOPBACK = "127.0.0.1"
 
 
 def default_backend() -> str:
-    """``"nccl"`` where CUDA is available in this process, else ``"gloo"``; or the backend the world was set up with.
+    """``"cpu:gloo,cuda:nccl"`` where CUDA is available in this process, else ``"gloo"``; or the world's backend.
 
-    ``torch.distributed.init_process_group()`` with no backend picks the same
-    per device (gloo for CPU tensors, nccl for CUDA ones); name it when one
-    backend must serve both.  On a process that
+    As ``torch.distributed.init_process_group()`` with no backend picks:
+    gloo for CPU tensors and nccl for CUDA ones, so that a script's CPU
+    collectives still work on a GPU node (plain ``"nccl"`` refuses CPU
+    tensors).  On a process that
     ``setup_torch_elastic_env(procs, backend="mpimesh")`` set up, it is
     ``"mpimesh"`` (collectives on MPI).  Imports torch.
     """
@@ -34,7 +35,7 @@ def default_backend() -> str:
         return chosen
     import torch
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
 def _check_mesh(proc_mesh: object) -> ProcMesh:

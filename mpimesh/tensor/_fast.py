@@ -47,7 +47,10 @@ def site(skip: int = 1) -> str:
     ``skip``: frames known to be inside, from this function's caller up (the
     dispatch path passes its own depth, so the walk starts at torch).
     """
-    frame = sys._getframe(skip)
+    try:
+        frame = sys._getframe(skip)
+    except ValueError:  # a thread that starts in C (autograd's device threads, on CUDA): no user line above
+        frame = sys._getframe(1)
     known = _inside.get
     while frame.f_back is not None:
         code = frame.f_code

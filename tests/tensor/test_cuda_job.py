@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ CHECKS = ("awareness", "arguments", "engine", "global", "training", "nccl")
 def test_every_cuda_path() -> None:
     """CUDA-awareness, staged arguments and results, engine and global tensors, training, NCCL in spmd."""
     result = run(python_cmd(str(JOB)), timeout=300)
+    print(result.stdout)  # every check's line, in the report of a failure (and with -rA)
+    print(result.stderr[-8000:], file=sys.stderr)
     lines = result.stdout.splitlines()
     for name in CHECKS:
-        assert any(line.startswith(f"{name} ok ") for line in lines), (name, result.stdout, result.stderr[-3000:])
+        assert any(line.startswith(f"{name} ok ") for line in lines), name
     assert result.returncode == 0, result.stderr
     assert lines[-1] == "done"
     assert result.orphans == []
