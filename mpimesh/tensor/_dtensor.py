@@ -352,12 +352,19 @@ def _fetch_full(t: DTensor) -> torch.Tensor:
     try:
         block = _even_block(t._spec)
         if block is not None:
-            return _fetch_pieces(t, block)
+            return _here(_fetch_pieces(t, block), t.device)
         out = mesh_tensor(t._meta, t._procs, t._client, t.device)
         _call(t._procs, t._client, _worker.full, (t,), (out._id,))
-        return fetch_shard(out, t._procs.view_shape.coordinates(0)).get()
+        return _here(fetch_shard(out, t._procs.view_shape.coordinates(0)).get(), t.device)
     except RemoteTensorError as exc:  # a process died in a collective: SupervisionError, as for a dead process
         raise _heal.failure(t._procs, "full_tensor", exc) from exc
+
+
+def _here(full: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``full`` (fetched to the CPU) on the tensor's own device where this process has it, as DTensor gives it."""
+    if device.type == "cuda" and torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count():
+        return full.to(device)
+    return full
 
 
 def _fetch_pieces(t: DTensor, block: list[int]) -> torch.Tensor:
