@@ -7,6 +7,7 @@ side, and an RDMABuffer over CUDA memory is refused with the fix.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,6 +27,18 @@ def test_cuda_tensor_travels_out_of_band_and_comes_back_on_its_device() -> None:
     assert len(buffers) == 1 and buffers[0].nbytes == 4 * N
     out = _serialize.loads(body, [bytearray(b) for b in buffers])
     assert out.device == t.device and torch.equal(out, t)
+
+
+def test_large_receive_blocks_are_page_locked_in_place_once() -> None:
+    """A CUDA tensor rebuilt from a large pooled receive block copies from page-locked memory; others stay."""
+    block = _buffers.recv_buffer(8 << 20)
+    assert _buffers.page_lock(block) and _buffers.page_lock(block[4096:])  # the second: already registered
+    t = torch.arange(1 << 20, dtype=torch.float32)
+    block.view(np.uint8)[: t.nbytes] = t.numpy().view(np.uint8)
+    out = _buffers.rebuild_tensor(block[: t.nbytes], "float32", (1 << 20,), "cuda:0", False, False)
+    assert out.device.type == "cuda" and torch.equal(out.cpu(), t)
+    assert not _buffers.page_lock(_buffers.recv_buffer(4096))  # small: not worth a registration
+    assert not _buffers.page_lock(bytearray(8 << 20))  # not the pool's
 
 
 def test_cuda_buffer_needs_a_cuda_aware_mpi() -> None:
