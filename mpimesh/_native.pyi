@@ -41,16 +41,6 @@ def wire_isend(handle: int, data: bytes, dest: int, tag: int, /) -> int | None:
         mpi4py.MPI.Exception: the MPI call failed.
     """
 
-def wire_share(path: str, /) -> None:
-    """Map this process's shared word at ``path`` (made if need be): the CPU its polling thread is busy on.
-
-    A spinning poll that finds the process it last sent to busy on its own
-    CPU sleeps on this word until that process's next send wakes it (see native/wire.c).
-
-    Raises:
-        OSError: the file cannot be made or mapped.
-    """
-
 class Pump:
     """NativeWire's receive path: receive, unpickle and dispatch frames (see native/pump.c).
 
@@ -98,8 +88,6 @@ class Out:
     polls: int
 
     def __init__(self, link: Any, rank: int) -> None: ...
-    def share(self, path: str, /) -> bool:
-        """Map the destination's shared word (see ``wire_share``) if the file at ``path`` exists; whether it did."""
 
 class Sender:
     """NativeWire's send path for frames that leave at once (see native/post.c).

@@ -43,8 +43,6 @@ static PyMethodDef methods[] = {
      "Receive one message of tag from any source of the communicators, probing up to spin_ns (GIL released)."},
     {"wire_isend", mpimesh_wire_isend, METH_VARARGS,
      "wire_isend(handle, data, dest, tag) -> None | request handle\n\nStart a send and test it once."},
-    {"wire_share", mpimesh_wire_share, METH_VARARGS,
-     "wire_share(path) -> None\n\nMap this process's shared word (made if need be): spinners on its CPU see it."},
     {"beat_start", mpimesh_beat_start, METH_VARARGS,
      "beat_start(handle, dest, tag, data, period, share) -> None\n\nStart the heartbeat thread: every period\n"
      "seconds in which the process used at least share of a core, send data to dest (no GIL needed)."},

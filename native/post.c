@@ -44,7 +44,6 @@ typedef struct {
     int rank;
     double last;
     long long polls;
-    volatile int *word; /* the destination's shared word (see wire.c; never unmapped), or NULL */
 } Out;
 
 static int out_traverse(Out *self, visitproc visit, void *arg) {
@@ -107,23 +106,6 @@ static int out_set_frames(Out *self, PyObject *value, void *closure) {
     return 0;
 }
 
-/* share(path) -> bool: map the destination's shared word, if its file exists. */
-static PyObject *out_share(Out *self, PyObject *arg) {
-    const char *path = PyUnicode_AsUTF8(arg);
-    volatile int *word;
-    if (path == NULL) return NULL;
-    word = mpimesh_wire_map_word(path, 0);
-    if (word == NULL) Py_RETURN_FALSE;
-    self->word = word;
-    Py_RETURN_TRUE;
-}
-
-static PyMethodDef out_methods[] = {
-    {"share", (PyCFunction)out_share, METH_O,
-     "share(path) -> bool\n\nMap the destination's shared word (native/wire.c), if the file at path exists."},
-    {NULL, NULL, 0, NULL},
-};
-
 static PyGetSetDef out_getset[] = {
     {"frames", (getter)out_get_frames, (setter)out_set_frames, "pickled frames held back for a batch", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -148,7 +130,6 @@ static PyTypeObject OutType = {
     .tp_traverse = (traverseproc)out_traverse,
     .tp_clear = (inquiry)out_clear,
     .tp_members = out_members,
-    .tp_methods = out_methods,
     .tp_getset = out_getset,
 };
 
@@ -352,7 +333,6 @@ static PyObject *sender_post(Sender *self, PyObject *const *args, Py_ssize_t nar
     }
     self->frames_out++;
     self->sent_at = now;
-    mpimesh_wire_sent_to(out->word);
     if (!done && keep(self, req, data) < 0) goto unlock;
     if (paused && self->ring != Py_None) {
         PyObject *rc = PyObject_CallOneArg(self->ring, (PyObject *)out);

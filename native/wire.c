@@ -25,16 +25,9 @@
 #include "wire.h"
 
 #include <dlfcn.h>
-#include <fcntl.h>
-#include <linux/futex.h>
 #include <sched.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "compat.h"
 
@@ -143,132 +136,6 @@ int mpimesh_wire_comms(const char *who, PyObject *handles, MPI_Comm *comms) {
     return (int)n;
 }
 
-/* --- Sharing a core with the peer ------------------------------------------
- *
- * Two processes that spin waiting for each other on one vCPU (--bind-to none
- * on a busy node) take turns only when a spinner yields: each leg of a round
- * trip then waits out part of the other's spin, ~115 us in all where 28 us is
- * the norm (docs/design/data.md, "B1 against a raw round trip").  So each
- * process on a host with doorbells publishes, in a shared word (a file beside
- * its bell, mapped by wire_share), the CPU its polling thread runs on:
- *   0          not known (not polling, or went back to Python without a frame);
- *   cpu + 1    polling, or handling what its poll received, on cpu;
- *   -(cpu + 1) asleep on the word (a futex), waiting for a frame.
- * A spinner that finds the process it last sent to (Out.share maps that one's
- * word) busy on its own CPU stops spinning: it sleeps on its own word, and the
- * peer's next send to it (Sender.post) wakes it.  Each sleep is bounded by
- * the spin and by SLEEP_MAX_NS. */
-
-static volatile int *word_mine; /* this process's word, or NULL */
-static volatile int *word_peer; /* the word of the process last sent to, or NULL */
-
-static int futex(volatile int *addr, int op, int val, const struct timespec *timeout) {
-    /* Not FUTEX_PRIVATE_FLAG: the word is shared between processes. */
-    return (int)syscall(SYS_futex, addr, op, val, timeout, NULL, 0);
-}
-
-/* Mapped words by path, never unmapped: a spinner may read the word of the
- * process last sent to (word_peer) at any time, without the GIL, so a word
- * outlives the Out that mapped it.  One mapping per process ever sent to. */
-typedef struct Mapped {
-    struct Mapped *next;
-    volatile int *word;
-    char path[];
-} Mapped;
-static Mapped *mapped;
-
-volatile int *mpimesh_wire_map_word(const char *path, int create) {
-    Mapped *m;
-    void *mem;
-    int fd;
-    size_t len = strlen(path) + 1;
-    for (m = mapped; m != NULL; m = m->next)
-        if (strcmp(m->path, path) == 0) return m->word;
-    m = malloc(sizeof(Mapped) + len);
-    if (m == NULL) return NULL;
-    fd = open(path, O_RDWR | (create ? O_CREAT : 0) | O_CLOEXEC, 0600);
-    if (fd < 0 || (create && ftruncate(fd, (off_t)sizeof(int)) < 0)) {
-        if (fd >= 0) close(fd);
-        free(m);
-        return NULL;
-    }
-    mem = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (mem == MAP_FAILED) {
-        free(m);
-        return NULL;
-    }
-    memcpy(m->path, path, len);
-    m->word = (volatile int *)mem;
-    m->next = mapped;
-    mapped = m;
-    return m->word;
-}
-
-void mpimesh_wire_sent_to(volatile int *peer) {
-    int now;
-    word_peer = peer;
-    if (peer == NULL) return;
-    now = *peer;
-    /* Woken, it is busy on its CPU again (maybe this one: then this spinner sleeps for it). */
-    if (now < 0 && __sync_bool_compare_and_swap(peer, now, -now)) futex(peer, FUTEX_WAKE, 1, NULL);
-}
-
-/* wire_share(path) -> None: map this process's word (the file is made if need be). */
-PyObject *mpimesh_wire_share(PyObject *self, PyObject *args) {
-    const char *path;
-    volatile int *word;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "s:wire_share", &path)) return NULL;
-    word = mpimesh_wire_map_word(path, 1);
-    if (word == NULL) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
-    *word = 0;
-    word_mine = word;
-    Py_RETURN_NONE;
-}
-
-/* While spinning (GIL released): publish this thread's CPU.  If the peer is
- * busy on it, the word says asleep and this returns the CPU + 1: the caller
- * probes once more (a frame sent before the store did not wake this) and
- * then calls sleep_on_word.  Else 0. */
-static int core_shared(void) {
-    volatile int *mine = word_mine, *peer = word_peer;
-    int cpu, here;
-    if (mine == NULL) return 0;
-    cpu = sched_getcpu();
-    here = cpu < 0 ? 0 : cpu + 1;
-    if (peer == NULL || here == 0 || *peer != here) {
-        if (*mine != here) *mine = here; /* the peer reads this line: write it only when it changes */
-        return 0;
-    }
-    *mine = -here;
-    return here;
-}
-
-/* Sleep on this process's word (asleep on CPU here - 1) until a peer's send
- * wakes it, until `end` or for SLEEP_MAX_NS; then busy on that CPU again.
- * Senders without this word (another host, a batch or raw buffers from the
- * outbox) wake nobody: the bound is how late their frames are seen. */
-#define SLEEP_MAX_NS 50000LL
-static void sleep_on_word(int here, long long end) {
-    struct timespec ts;
-    long long left = end - now_ns();
-    if (left > SLEEP_MAX_NS) left = SLEEP_MAX_NS;
-    if (left > 0) {
-        ts.tv_sec = (time_t)(left / 1000000000LL);
-        ts.tv_nsec = (long)(left % 1000000000LL);
-        futex(word_mine, FUTEX_WAIT, -here, &ts); /* at once if woken meanwhile */
-    }
-    *word_mine = here;
-}
-
-/* Leaving a spin: a frame came (busy on this CPU, as published) or none did
- * (back to Python, which may nap: not known). */
-static void spin_ended(int hit) {
-    volatile int *mine = word_mine;
-    if (mine != NULL && !hit) *mine = 0;
-}
-
 int mpimesh_wire_receive(const MPI_Comm *comms, int n, int tag, long long spin_ns, int *index, int *source,
                          int *err, PyObject **data) {
     MPI_Message msg;
@@ -292,27 +159,16 @@ int mpimesh_wire_receive(const MPI_Comm *comms, int n, int tag, long long spin_n
         int e = MPI_SUCCESS;
         Py_BEGIN_ALLOW_THREADS
         long long end = now_ns() + spin_ns;
-        int shared = 0;
         for (unsigned polls = 1; hit < 0; polls++) {
             for (i = 0; i < n; i++) {
                 e = p_improbe(MPI_ANY_SOURCE, tag, comms[i], &flag, &msg, &status);
                 if (e != MPI_SUCCESS || flag) { hit = i; break; }
             }
-            if (shared) {
-                /* that was the look after saying asleep: nothing, so sleep */
-                if (hit < 0) sleep_on_word(shared, end);
-                else *word_mine = shared;
-                shared = 0;
-                continue;
-            }
             if (hit >= 0 || (polls & 7) != 0) continue;
             if (now_ns() >= end) break;
-            /* the peer is busy on this CPU: spinning would only delay it */
-            if ((shared = core_shared()) != 0) continue;
             /* let the other processes of an oversubscribed node run */
             if ((polls & 31) == 0) sched_yield();
         }
-        spin_ended(hit >= 0);
         Py_END_ALLOW_THREADS
         *err = e;
     }

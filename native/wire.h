@@ -34,14 +34,6 @@ int mpimesh_wire_test(MPI_Request *req, int *done);
 int mpimesh_wire_error_class(int code);
 /* Raise mpi4py's MPI.Exception(code); returns NULL. */
 PyObject *mpimesh_wire_error(int code);
-/* The shared word of a process (a file; made if `create`), mapped once and
- * for good (see wire.c), or NULL. */
-volatile int *mpimesh_wire_map_word(const char *path, int create);
-/* A frame was just sent to the process whose word is `peer` (may be NULL): it
- * is the one this process waits for now; wake it if it sleeps on its word. */
-void mpimesh_wire_sent_to(volatile int *peer);
-PyObject *mpimesh_wire_share(PyObject *self, PyObject *args);
-
 /* Whether wire_bind() succeeded; if not, a RuntimeError is set. */
 int mpimesh_wire_bound(void);
 /* An mpi4py communicator handle (an int) to the communicator; 0 with an exception set if not one. */

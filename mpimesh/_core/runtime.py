@@ -14,7 +14,6 @@ connects them.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import sys
@@ -263,32 +262,23 @@ class Runtime:
 
     def open_bell(self) -> None:
         """Sleep on a doorbell and ring peers' (``_transport.bell``); needs the controller's pid."""
-        from .._transport.bell import Bell, Ringer, bell_path, word_path
+        from .._transport.bell import Bell, Ringer, bell_path
 
-        pid = self.controller_pid
         try:
-            bell = Bell(bell_path(pid, self.addr))
+            bell = Bell(bell_path(self.controller_pid, self.addr))
         except OSError as exc:
             debug(f"no doorbell ({exc}): idle naps only", self.addr)
             return
-        try:
-            self.router.wire.share(word_path(pid, self.addr), lambda addr: word_path(pid, addr))
-        except OSError as exc:
-            debug(f"no shared word ({exc}): spinning polls do not see who shares their core", self.addr)
         self.ringer = Ringer(self.controller_pid)
         self.router.ring = self.ringer.ring
         self.progress.bell = bell
 
     def close_bell(self) -> None:
         """Remove this process's doorbell (at exit)."""
-        from .._transport.bell import word_path
-
         bell, self.progress.bell = self.progress.bell, None
         self.router.ring = None
         if bell is not None:
             bell.close()
-            with contextlib.suppress(OSError):
-                os.unlink(word_path(self.controller_pid, self.addr))
         if self.ringer is not None:
             self.ringer.close()
 

@@ -88,7 +88,7 @@ from typing import IO, Protocol
 from .._core import protocol
 from .._core.logs import debug
 from .._core.protocol import Frame
-from .._transport.bell import bell_path, job_dir, word_path
+from .._transport.bell import bell_path, job_dir
 from ..config import settings
 from .exits import describe, exit_status
 
@@ -189,8 +189,7 @@ def leave_job_dir(controller_pid: int, dead: Iterable[Addr]) -> None:
     """
     folder = job_dir(controller_pid)
     for addr in dead:
-        for path in (last_words_path(controller_pid, addr), bell_path(controller_pid, addr),
-                     word_path(controller_pid, addr)):
+        for path in (last_words_path(controller_pid, addr), bell_path(controller_pid, addr)):
             with contextlib.suppress(OSError):
                 os.unlink(path)
     with contextlib.suppress(OSError):

@@ -25,7 +25,7 @@ import tempfile
 
 from .frames import Addr
 
-__all__ = ["Bell", "Ringer", "RING_AFTER", "bell_path", "job_dir", "word_path"]
+__all__ = ["Bell", "Ringer", "RING_AFTER", "bell_path", "job_dir"]
 
 #: A frame to a peer not sent to for this long (seconds) rings its bell: by
 #: then the peer's actor threads have left polling to its background waiter.
@@ -44,11 +44,6 @@ def job_dir(controller_pid: int) -> str:
 def bell_path(controller_pid: int, addr: Addr) -> str:
     """The FIFO of the process at ``addr``, in the job's directory."""
     return os.path.join(job_dir(controller_pid), f"bell-{addr[0]}.{addr[1]}")
-
-
-def word_path(controller_pid: int, addr: Addr) -> str:
-    """The shared word of the process at ``addr``, beside its bell: the CPU it polls on (``Wire.share``)."""
-    return bell_path(controller_pid, addr) + ".cpu"
 
 
 class Bell:

@@ -92,13 +92,6 @@ class Wire(Protocol):
     def forget(self, link: Link) -> None:
         """Drop the frames held back for ``link``'s processes."""
 
-    def share(self, mine: str, word_of: Callable[[Addr], str]) -> None:
-        """Publish the CPU this process polls on at ``mine``; peers' are at ``word_of(addr)`` (see ``.bell``).
-
-        Raises:
-            OSError: the file cannot be made.
-        """
-
     def poll(self, spin: float = 0.0) -> int:
         """Receive what has arrived and dispatch it; returns the number of frames, heartbeats not counted."""
 

@@ -121,9 +121,6 @@ class Mpi4pyWire:
 
     # -- links and sending -------------------------------------------------
 
-    def share(self, mine: str, word_of: Callable[[Addr], str]) -> None:
-        """Nothing: this wire's polls do not spin inside MPI, so they need not know who shares their core."""
-
     def add_link(self, link: Link) -> None:
         """Poll ``link`` from now on (lock held)."""
         self._links = [*self._links, link]

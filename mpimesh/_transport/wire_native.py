@@ -92,8 +92,6 @@ class NativeWire:
         self._handlers = handlers
         self._failed = failed
         self.every_ms: Callable[[], None] | None = None
-        # a peer's shared word (see share), or None: not published here
-        self._word_of: Callable[[Addr], str] | None = None
         self._next_ms = 0.0
         # the links polled, in the pump's order (its buffer and error indices
         # name them); replaced, never changed in place
@@ -175,19 +173,6 @@ class NativeWire:
         """Polls made so far."""
         return self._outbox.polls
 
-    def share(self, mine: str, word_of: Callable[[Addr], str]) -> None:
-        """Publish the CPU this process polls on at ``mine``; peers' are at ``word_of(addr)``.
-
-        A spinning poll that finds the process it last sent to busy on its
-        own CPU sleeps until that one's send wakes it (native/wire.c: two
-        spinners on one vCPU made a round trip ~4x slower).
-
-        Raises:
-            OSError: the file cannot be made.
-        """
-        _native.wire_share(mine)
-        self._word_of = word_of
-
     # -- links and sending -------------------------------------------------
 
     def add_link(self, link: Link) -> None:
@@ -212,7 +197,7 @@ class NativeWire:
         if out is None:
             # setdefault: atomic, so that two threads meeting a new
             # destination share one state (this is outside the lock)
-            out = link.outs.setdefault(rank, self._out(link, rank))
+            out = link.outs.setdefault(rank, _native.Out(link, rank))
         outbox = self._outbox
         try:
             data = self._sender.post(out, frame, outbox.polls)
@@ -221,13 +206,6 @@ class NativeWire:
             return
         if data is not None:
             self.post(link, rank, data, NO_BUFFERS)  # to be held back for a batch
-
-    def _out(self, link: Link, rank: int) -> _native.Out:
-        # A new destination's state, with its shared word when it has one on this host.
-        out = _native.Out(link, rank)
-        if self._word_of is not None:
-            out.share(self._word_of(link.source(rank)))
-        return out
 
     # -- receiving ---------------------------------------------------------
 

@@ -497,37 +497,3 @@ def test_mpich_keeps_mpi4py_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     monkeypatch.setattr(binding, "settings", dataclasses.replace(settings, wire="native"))
     assert binding.bind() and binding.why_not == ""  # asked for: binds (to the library really loaded)
-
-
-def test_a_spinner_whose_peer_is_busy_on_its_cpu_sleeps_until_the_peer_sends(
-    native: None, comm: MPI.Intracomm, tmp_path: Path
-) -> None:
-    """Two spinners on one vCPU: the one that finds its peer busy there sleeps, and the peer's send wakes it.
-
-    Here the process is its own peer (its Out maps its own word), so every
-    spin finds the peer on its CPU and sleeps: the spin still lasts as long
-    as asked, and a send from another thread ends it at once.
-    """
-    from mpimesh import _native
-
-    assert binding.probe is not None
-    word = str(tmp_path / "bell-0.0.cpu")
-    _native.wire_share(word)
-    sender, _ = _sender(batching=False)
-    out = _native.Out(_Link(comm), 0)
-    assert not out.share(str(tmp_path / "nobody.cpu"))  # no file: no word
-    assert out.share(word)
-    sender.post(out, (4, None, "first"), 1)  # the peer this process waits for: itself
-    assert _frames(comm) == [(4, None, "first")]
-    start = time.monotonic()
-    assert binding.probe((comm.handle,), TAG, 100_000_000) is None  # asleep, not woken: the spin's length
-    assert 0.09 < time.monotonic() - start < 2.0
-    timer = threading.Timer(0.05, lambda: sender.post(out, (4, None, "wake"), 2))
-    start = time.monotonic()
-    timer.start()
-    hit = binding.probe((comm.handle,), TAG, 5_000_000_000)
-    timer.join()
-    assert hit is not None and pickle.loads(hit[2]) == (4, None, "wake")
-    assert time.monotonic() - start < 2.0  # woken by the send, not at the end of the 5 s spin
-    with open(word, "rb") as f:
-        assert int.from_bytes(f.read(4), "little", signed=True) > 0  # busy on its CPU: a frame came
