@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,6 +167,20 @@ def faults() -> Iterator[Faults]:
         yield recorder
     finally:
         mpimesh.unhandled_fault_hook = saved
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m mesh`` alone, a test file that marks nothing ``mesh`` is not imported.
+
+    Its tests would all be deselected; importing them (torch, the examples'
+    helpers) cost each runtime run 3-4 s, and CI has ten of them.  A mesh
+    test is marked in its own file (``pytest.mark.mesh``, as a decorator,
+    in ``pytestmark`` or in a parameter's marks), so the text says it.
+    """
+    if (config.getoption("markexpr") != "mesh" or collection_path.suffix != ".py"
+            or not collection_path.name.startswith("test_")):
+        return None
+    return True if "mark.mesh" not in collection_path.read_text() else None
 
 
 @pytest.hookimpl(trylast=True)
