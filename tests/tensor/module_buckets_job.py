@@ -1,4 +1,4 @@
-"""module_to_mesh on a 2 x 2 Mesh with gradient buckets of a few parameters each (run by test_module_buckets.py).
+"""module_to_mesh on a 2 x 2 Mesh with gradient buckets of a few parameters each (a section of shared_job.py).
 
 Trains the same model three ways, 5 SGD steps: on the mesh with 1 KiB buckets, on the mesh with one
 bucket, and in this process.  Prints the buckets, the workers' backend, and the largest differences.
@@ -21,33 +21,33 @@ class Probe(Actor):
         return dist.get_backend()
 
 
-torch.manual_seed(0)
-reference = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
-batches = [(torch.randn(8, 8), torch.randn(8, 4)) for _ in range(5)]
-mesh = Mesh(shape=(2, 2), mesh_dim_names=("dp", "tp"))
-plan = {"0": "colwise", "2": "rowwise"}
-# 1 KiB buckets: the 32x32 weight (4 KiB) alone, the small parameters up to three to a bucket
-many = mpimesh.module_to_mesh(copy.deepcopy(reference), mesh, plan=plan, bucket_cap_mb=1 / 1024)
-one = mpimesh.module_to_mesh(copy.deepcopy(reference), mesh, plan=plan)
-for name, model in (("many", many), ("one", one)):
-    owners = {id(h.__self__): h.__self__ for p in model.parameters() for h in p._post_accumulate_grad_hooks.values()}
-    print("buckets", name, [[len(b) for b in o.buckets] for o in owners.values()])
-print("backend", sorted(set(mesh.spawn("probe", Probe).backend.call().get(120).values())))
-runs = [(m, optim.SGD(m.parameters(), lr=0.1, momentum=0.9)) for m in (many, one, reference)]
-losses: list[list[float]] = [[], [], []]
-for x, y in batches:
-    for (model, opt), out in zip(runs, losses, strict=True):
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        out.append(loss.item())
-states = [m.state_dict() for m in (many, one, reference)]
-between = max((states[0][k] - states[1][k]).abs().max().item() for k in states[2])
-print(f"buckets: loss difference {max(abs(a - b) for a, b in zip(losses[0], losses[1], strict=True)):.2e} "
-      f"weight difference {between:.2e}")
-drift = max((states[0][k] - v).abs().max().item() for k, v in states[2].items())
-print(f"one process: loss difference {max(abs(a - b) for a, b in zip(losses[0], losses[2], strict=True)):.2e} "
-      f"weight difference {drift:.2e}")
-mesh.stop().get()
-print("done")
+def check(mesh: Mesh) -> None:
+    """Train on ``mesh`` (2 x 2, dp x tp)."""
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    batches = [(torch.randn(8, 8), torch.randn(8, 4)) for _ in range(5)]
+    plan = {"0": "colwise", "2": "rowwise"}
+    # 1 KiB buckets: the 32x32 weight (4 KiB) alone, the small parameters up to three to a bucket
+    many = mpimesh.module_to_mesh(copy.deepcopy(reference), mesh, plan=plan, bucket_cap_mb=1 / 1024)
+    one = mpimesh.module_to_mesh(copy.deepcopy(reference), mesh, plan=plan)
+    for name, model in (("many", many), ("one", one)):
+        owners = {id(h.__self__): h.__self__ for p in model.parameters()
+                  for h in p._post_accumulate_grad_hooks.values()}
+        print("buckets", name, [[len(b) for b in o.buckets] for o in owners.values()])
+    print("backend", sorted(set(mesh.spawn("probe", Probe).backend.call().get(120).values())))
+    runs = [(m, optim.SGD(m.parameters(), lr=0.1, momentum=0.9)) for m in (many, one, reference)]
+    losses: list[list[float]] = [[], [], []]
+    for x, y in batches:
+        for (model, opt), out in zip(runs, losses, strict=True):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+    states = [m.state_dict() for m in (many, one, reference)]
+    between = max((states[0][k] - states[1][k]).abs().max().item() for k in states[2])
+    print(f"buckets: loss difference {max(abs(a - b) for a, b in zip(losses[0], losses[1], strict=True)):.2e} "
+          f"weight difference {between:.2e}")
+    drift = max((states[0][k] - v).abs().max().item() for k, v in states[2].items())
+    print(f"one process: loss difference {max(abs(a - b) for a, b in zip(losses[0], losses[2], strict=True)):.2e} "
+          f"weight difference {drift:.2e}")

@@ -1,15 +1,11 @@
-"""Global-view tensors (issue #28): one job checks what a user sees, line by line (global_view_job.py)."""
+"""Global-view tensors (issue #28): what a user sees, line by line (global_view_job.py, a section of shared_job.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from mpitest import python_cmd, run
+from shared_job_run import TIMEOUT, section
 
 pytestmark = pytest.mark.subprocess
-
-JOB = Path(__file__).with_name("global_view_job.py")
 
 EXPECTED = (
     "mesh Mesh(dp=2, tp=2) 4 ('dp', 'tp') True",
@@ -35,11 +31,9 @@ EXPECTED = (
 )
 
 
+@pytest.mark.timeout(TIMEOUT + 60)  # the first test of the three runs the shared job
 def test_global_view_tensors() -> None:
     """Shapes and placements known at once, ops with their global meaning, clear mixing errors, poison, freeing."""
-    result = run(python_cmd(str(JOB)), timeout=240)
-    assert result.returncode == 0, result.stderr
+    out = section("global_view_job")
     for line in EXPECTED:
-        assert line in result.stdout, (line, result.stdout)
-    assert result.stdout.rstrip().endswith("done")
-    assert result.orphans == []
+        assert line in out, (line, out)

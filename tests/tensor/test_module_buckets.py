@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
-from mpitest import python_cmd, run
+from shared_job_run import TIMEOUT, section
 
 from mpimesh.tensor._buckets import GradBuckets
-
-JOB = Path(__file__).with_name("module_buckets_job.py")
 
 
 def test_buckets_follow_the_backward_order_cap_and_dtype() -> None:
@@ -28,15 +25,12 @@ def test_buckets_follow_the_backward_order_cap_and_dtype() -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(TIMEOUT + 60)  # the first test of the three runs the shared job
 def test_many_buckets_match_one_bucket() -> None:
     """dp x tp on the MPI backend: 5 SGD steps with four buckets give what one bucket gives (within 1e-6)."""
-    result = run(python_cmd(str(JOB)), timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    out = section("module_buckets_job")
     assert "backend ['mpimesh']" in out, out
     assert "buckets many [[3, 1, 1, 1]]" in out and "buckets one [[6]]" in out, out
     found = re.search(r"buckets: loss difference (\S+) weight difference (\S+)", out)
-    assert found is not None, out + result.stderr
+    assert found is not None, out
     assert float(found[1]) < 1e-6 and float(found[2]) < 1e-6, out
-    assert out.rstrip().endswith("done")
-    assert result.orphans == []

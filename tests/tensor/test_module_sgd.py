@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from mpitest import python_cmd, run
-
-JOB = Path(__file__).with_name("module_sgd_job.py")
+from shared_job_run import TIMEOUT, section
 
 
 @pytest.mark.subprocess
+@pytest.mark.timeout(TIMEOUT + 60)  # the first test of the three runs the shared job
 def test_sgd_on_the_mesh_matches_one_process() -> None:
     """20 SGD steps (momentum 0.9, float64) on dp x tp and on dp alone: losses and weights within 1e-5.
 
     A mean loss over a batch sharded on dp once gave dp times the gradient (a
     loss's backward kernel divided by its piece's size), which AdamW hides.
     """
-    result = run(python_cmd(str(JOB)), timeout=300)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    out = section("module_sgd_job")
     for label in ("dp x tp", "dp"):
         found = re.search(rf"^{re.escape(label)}: loss difference (\S+) weight difference (\S+)", out, re.M)
-        assert found is not None, out + result.stderr
+        assert found is not None, out
         assert float(found[1]) < 1e-5 and float(found[2]) < 1e-5, out
-    assert out.rstrip().endswith("done")
-    assert result.orphans == []
