@@ -39,8 +39,11 @@ Groups = dict[int, tuple[tuple[Addr, ...], tuple[str, ...], str]]
 
 __all__ = ["MeshClient", "client_of", "next_id"]
 
-#: Commands per message at most; a batch leaves earlier when a value is needed.
-BATCH = 256
+#: Commands per message at most; a batch leaves earlier when a value is needed.  Each send costs the
+#: controller about as much again in its progress thread (T1 in docs/design/tensor.md, in a job
+#: under load: 256 a batch, 2.1 us per operation in the send and 2-3 in the other threads; 1,024,
+#: 1.0 and 1.1-1.7); a batch of 1,024 flat commands pickles to ~60 KB.
+BATCH = 1024
 
 _ids = itertools.count(1)
 
