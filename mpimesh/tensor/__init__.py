@@ -11,12 +11,9 @@ it through ``activate``, ``rank_tensor`` and ``rank_tensors`` only).
 """
 
 from ._broadcast import broadcast_ as broadcast_
-from ._distribute import Replicate as Replicate
-from ._distribute import Shard as Shard
 from ._distribute import distribute as distribute
 from ._distribute import gather as gather
 from ._dtensor import DTensor as DTensor
-from ._dtensor import Partial as Partial
 from ._fetch import fetch_shard as fetch_shard
 from ._fetch import inspect as inspect
 from ._fetch import rank_tensor as rank_tensor
@@ -26,6 +23,9 @@ from ._handle import activate as activate
 from ._handle import active_mesh as get_active_mesh
 from ._handle import no_mesh as no_mesh
 from ._module import module_to_mesh as module_to_mesh
+from ._placements import Partial as Partial
+from ._placements import Replicate as Replicate
+from ._placements import Shard as Shard
 from ._reduce import reduce as reduce
 from ._reduce import reduce_ as reduce_
 from ._remote import Remote as Remote

@@ -18,6 +18,7 @@ controller (:meth:`MeshClient.check_use`).
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -38,10 +39,26 @@ Groups = dict[int, tuple[tuple[Addr, ...], tuple[str, ...], str]]
 
 __all__ = ["MeshClient", "client_of", "next_id"]
 
-#: Commands per message at most; a batch leaves earlier when a value is needed.
-BATCH = 256
+#: Commands per message at most; a batch leaves earlier when a value is needed.  Each send costs the
+#: controller about as much again in its progress thread (T1 in docs/design/tensor.md, in a job
+#: under load: 256 a batch, 2.1 us per operation in the send and 2-3 in the other threads; 1,024,
+#: 1.0 and 1.1-1.7); a batch of 1,024 flat commands pickles to ~60 KB.
+BATCH = 1024
 
 _ids = itertools.count(1)
+
+
+def _refs_when_unheld() -> int:
+    # What sys.getrefcount reports in _sweep's loop for a handle held only by its entry in ``young``
+    # (the entry, the loop's name, the call's argument), measured the same way: a handle counted at
+    # most this is held by nobody else.
+    young = [(object(), 0)]
+    for handle, _ in young[:1]:
+        return sys.getrefcount(handle)
+    raise AssertionError("unreachable")
+
+
+_UNHELD = _refs_when_unheld()
 
 
 def next_id() -> int:
@@ -64,8 +81,8 @@ class MeshClient:
         self._pending_shape: Shape | None = None
         self._deleted: list[int] = []
         self._watched: dict[int, tuple[weakref.ref[Any], int]] = {}  # id(ref) -> (ref, tensor id)
-        #: handles made since the last flush, by plain weak reference (see watch)
-        self.young: list[tuple[weakref.ref[Any], int]] = []
+        #: handles made since the last flush, held until it looks at them (see watch)
+        self.young: list[tuple[Any, int]] = []
         self._on_collect = self._collected
         self._groups: dict[tuple[Shape, tuple[str, ...]], int] = {}
         self._keys = itertools.count(1)  # group keys: never reused, the workers cache groups by key
@@ -98,22 +115,24 @@ class MeshClient:
 
     def watch(self, handle: Any, tensor_id: int) -> None:
         """Free tensor ``tensor_id`` on the workers once ``handle`` (its controller handle) is collected."""
-        # Most handles die before the next flush (``a = a + 1`` drops the previous one): a plain weak
-        # reference now, looked at once by the flush, costs less than a callback per handle (T1 in
-        # docs/design/tensor.md).  The flush watches the survivors with a callback (_sweep).
-        self.young.append((weakref.ref(handle), tensor_id))
+        # Most handles die before the next flush (``a = a + 1`` drops the previous one).  The flush
+        # finds them by their reference count: a tensor that dies with a weak reference to it costs
+        # torch ~3 us more to free (T1 in docs/design/tensor.md: as much as a quarter of torch's floor
+        # per operation), a weak reference with a callback more.  Held here until then (at most a
+        # batch, and a handle holds no data); the flush watches the survivors with a callback (_sweep).
+        self.young.append((handle, tensor_id))
 
     def _sweep(self) -> None:
-        # The young handles now dead go with the next batch; the others are watched until they die.
-        # Taken by count, then cut, so that a handle made meanwhile by another thread stays young.
+        # The young handles nobody else holds now go with the next batch; the others are watched until
+        # they die.  Taken by count, then cut, so that a handle made meanwhile by another thread stays young.
         young = self.young
         n = len(young)
         if not n:
             return
         deleted, watched, on_collect = self._deleted, self._watched, self._on_collect
-        for ref, tensor_id in young[:n]:
-            handle = ref()
-            if handle is None:
+        count, unheld = sys.getrefcount, _UNHELD
+        for handle, tensor_id in young[:n]:
+            if count(handle) <= unheld:
                 deleted.append(tensor_id)
             else:
                 # keyed by the ref's id: a weakref hashes as its referent, and a tensor hashes in Python

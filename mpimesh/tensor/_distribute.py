@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -16,23 +15,12 @@ from ._client import client_of
 from ._commands import PUT
 from ._fetch import fetch_shard
 from ._handle import Tensor, mesh_tensor, site
+from ._placements import Replicate, Shard
 
 if TYPE_CHECKING:
     from ._mesh import ProcMesh
 
 __all__ = ["Replicate", "Shard", "distribute", "gather"]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Split the tensor's dimension ``dim`` into equal blocks along one mesh dimension."""
-
-    dim: int
-
-
-@dataclass(frozen=True)
-class Replicate:
-    """Give every process along one mesh dimension the whole tensor."""
 
 
 Placement = Shard | Replicate

@@ -18,13 +18,10 @@ operation that mixes the two raises a ``ValueError`` with the fix.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor as _TorchDTensor
-from torch.distributed.tensor import Partial as _TorchPartial
 from torch.distributed.tensor import Placement
 from torch.distributed.tensor import Replicate as _TorchReplicate
 from torch.distributed.tensor import Shard as _TorchShard
@@ -38,7 +35,6 @@ from . import _dtensor_worker as _worker
 from . import _mesh
 from ._client import MeshClient, client_of
 from ._commands import REMOTE
-from ._distribute import Replicate, Shard
 from ._fast import MISS, fast, remember
 from ._fetch import fetch_shard
 from ._handle import (
@@ -54,6 +50,7 @@ from ._handle import (
     unwrap,
 )
 from ._op_rules import by_decomposition
+from ._placements import Partial, device_mesh, placements_of
 from ._remote import _keys
 from ._specs import contiguous_strides as _contiguous_strides
 from ._specs import even_block as _even_block
@@ -70,24 +67,9 @@ _KEYS: dict[Any, int] = {}
 #: Seconds a stopping mesh waits for its processes to leave their torch.distributed world.
 _LEAVE_TIMEOUT = 30.0
 
-#: Per mesh view: the controller's process-group-less DeviceMesh that propagation runs on.
-_DEVICE_MESHES: dict[Any, DeviceMesh] = {}
-
 #: The workers' torch.distributed worlds made so far, by key (one per mesh view and device type), each
 #: with the mesh's heal count it was made at (a heal makes it again over the new members).
 _WORLDS: dict[Any, int] = {}
-
-
-@dataclass(frozen=True)
-class Partial:
-    """A placement of global-view tensors: each process along one mesh dimension holds a part of the value.
-
-    The value is the parts reduced with ``reduce_op`` (``"sum"``, ``"avg"``,
-    ...), as torch's ``Partial``; DTensor reduces them when an operation
-    needs the whole value.
-    """
-
-    reduce_op: str = "sum"
 
 
 class DTensor(Tensor):
@@ -161,6 +143,10 @@ class DTensor(Tensor):
     def __torch_dispatch__(  # type: ignore[override]
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
+        if not kwargs:  # a repeated operation, replayed from here (a Python call fewer: T1)
+            replayed = fast(func, args, DTensor, _FAST, None)
+            if replayed is not MISS:
+                return replayed
         return dispatch(func, args, kwargs or {})
 
 
@@ -186,75 +172,6 @@ def _redistributed(t: DTensor, spec: DTensorSpec) -> DTensor:
     out = _handle(t.shape, t.stride(), t.dtype, spec, t._procs, t._client, t.device)
     _call(t._procs, t._client, _worker.redistribute, (t, spec.placements), (out._id,))
     return out
-
-
-# --- placements and the controller's device mesh
-
-
-def _device_mesh(procs: ProcMesh, device: torch.device) -> DeviceMesh:
-    shape = procs.view_shape
-    key = (procs.mesh_id, shape, device.type)
-    mesh = _DEVICE_MESHES.get(key)
-    if mesh is None:
-        # No process group: DTensor's propagation reads the mesh's shape only.
-        mesh = _DEVICE_MESHES[key] = DeviceMesh(
-            device.type, torch.arange(len(shape)).view(shape.sizes), mesh_dim_names=shape.labels,
-            _init_backend=False, _rank=0)
-    return mesh
-
-
-def placements_of(spec: Sequence[Any], procs: ProcMesh, ndim: int) -> tuple[Placement, ...]:
-    """Torch placements, one per mesh dimension, from the brief's ``sharding_spec`` or placements.
-
-    ``sharding_spec`` names, per tensor dimension, the mesh dimension it is
-    split over, or None; a sequence of placements (torch's or mpimesh's
-    ``Shard``/``Replicate``, and ``Partial``) gives one per mesh dimension,
-    as DTensor does.
-
-    Raises:
-        TypeError: entries of another kind, or names and placements mixed.
-        ValueError: an unknown mesh dimension, the wrong number of entries.
-    """
-    labels = procs.view_shape.labels
-    entries = list(spec)
-    if any(isinstance(e, str) for e in entries) or (entries and all(e is None for e in entries)):
-        if not all(e is None or isinstance(e, str) for e in entries):
-            raise TypeError(f"distribute: sharding_spec mixes mesh dimension names and placements: {entries!r}; "
-                            "give one name or None per tensor dimension, or one placement per mesh dimension")
-        if len(entries) != ndim:
-            raise ValueError(f"distribute: expecting a sharding_spec entry per tensor dimension ({ndim}), "
-                             f"got {len(entries)}: {entries!r}")
-        chosen: list[Placement] = [_TorchReplicate() for _ in labels]
-        for dim, name in enumerate(entries):
-            if name is None:
-                continue
-            if name not in labels:
-                raise ValueError(f"distribute: {name!r} is not a dimension of {procs!r} {list(labels)}")
-            at = labels.index(name)
-            if isinstance(chosen[at], _TorchShard):
-                raise ValueError(f"distribute: mesh dimension {name!r} shards two tensor dimensions in {entries!r}")
-            chosen[at] = _TorchShard(dim)
-        return tuple(chosen)
-    if len(entries) != len(labels):
-        raise ValueError(f"distribute: {procs!r} has {len(labels)} dimensions {list(labels)}, so give "
-                         f"{len(labels)} placements, got {len(entries)}")
-    out: list[Placement] = []
-    for label, p in zip(labels, entries, strict=True):
-        if isinstance(p, Shard):
-            p = _TorchShard(p.dim)
-        elif isinstance(p, Replicate):
-            p = _TorchReplicate()
-        elif isinstance(p, Partial):
-            p = _TorchPartial(p.reduce_op)
-        if not isinstance(p, Placement):
-            raise TypeError(f"distribute: placement for {label!r} must be Shard(d), Replicate() or Partial(), "
-                            f"got {p!r}")
-        if isinstance(p, _TorchShard) and not -ndim <= p.dim < ndim:
-            raise ValueError(f"distribute: Shard({p.dim}) for {label!r}: the tensor has {ndim} dimensions")
-        if isinstance(p, _TorchShard) and p.dim < 0:
-            p = _TorchShard(p.dim + ndim)
-        out.append(p)
-    return tuple(out)
 
 
 # --- commands
@@ -337,7 +254,7 @@ def distribute_global(local: torch.Tensor, procs: Any, spec: Sequence[Any]) -> D
     client = client_of(procs)
     device = local.device
     key = _ensure_world(procs, client, device)
-    mesh = _device_mesh(procs, device)
+    mesh = device_mesh(procs, device)
     local = local.detach()
     tspec = DTensorSpec(mesh, placements, TensorMeta(local.shape, local.stride(), local.dtype))
     out = _handle(local.shape, local.stride(), local.dtype, tspec, procs, client, device)
@@ -513,12 +430,8 @@ def _rebuild(entries: list[Any], leaves: list[Any], procs: ProcMesh, client: Mes
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``func`` on global-view tensors: result shapes and placements here, the operation on the workers."""
     # Written for the common case, as the per-process dispatch is (_handle.dispatch): a repeated
-    # operation on handles and scalars is replayed by _fast.fast, other arguments without containers
+    # operation on handles and scalars was replayed by _fast.fast already, other arguments without containers
     # are read in one pass, and a repeated signature skips propagation.
-    if not kwargs:
-        replayed = fast(func, args, DTensor, _FAST, None)
-        if replayed is not MISS:
-            return replayed
     simple = not any(type(a) in _CONTAINERS for a in args) and not (
         kwargs and any(type(a) in _CONTAINERS for a in kwargs.values()))
     if simple:

@@ -119,6 +119,10 @@ class Tensor(torch.Tensor):
     def __torch_dispatch__(  # type: ignore[override]
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
+        if not kwargs:  # a repeated operation, replayed from here (a Python call fewer: T1)
+            result = fast(func, args, Tensor, _FAST, None)
+            if result is not MISS:
+                return result
         return dispatch(func, args, kwargs or {}, None)
 
 
@@ -266,13 +270,9 @@ _FAST: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], active: ProcMesh | None) -> Any:
     """Run ``func`` on mesh tensors: compute the result's metadata here, queue the operation for the mesh."""
-    # This runs for every torch operation on a mesh tensor (T1 in docs/design/tensor.md): a repeated
-    # one on handles and scalars is replayed by _fast.fast; the general path below is written for the
-    # common case too (tensors and scalars as arguments, no containers): one pass over the arguments.
-    if not kwargs:
-        result = fast(func, args, Tensor, _FAST, active)
-        if result is not MISS:
-            return result
+    # This runs for every torch operation on a mesh tensor (T1 in docs/design/tensor.md) that the
+    # __torch_dispatch__ calling it could not replay (_fast.fast); it is written for the common case
+    # too (tensors and scalars as arguments, no containers): one pass over the arguments.
     simple = True
     for a in args:
         if type(a) in _CONTAINERS:
@@ -436,7 +436,12 @@ class _MeshMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        return dispatch(func, args, kwargs or {}, self.procs)
+        procs = self.procs
+        if not kwargs:  # a repeated operation, replayed from here (a Python call fewer: T1)
+            result = fast(func, args, Tensor, _FAST, procs)
+            if result is not MISS:
+                return result
+        return dispatch(func, args, kwargs or {}, procs)
 
 
 @contextmanager
