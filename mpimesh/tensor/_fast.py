@@ -126,7 +126,10 @@ def fast(func: Any, args: tuple[Any, ...], cls: type, table: dict[tuple[Any, ...
         t = args[same]
         tid = t._id
     # site(), inline: the first frame above the __torch_dispatch__ that called this, outside torch and mpimesh
-    frame = sys._getframe(2)
+    try:
+        frame = sys._getframe(2)
+    except ValueError:  # dispatched from a thread that starts in C (autograd's, on CUDA)
+        frame = sys._getframe(1)
     while frame.f_back is not None:
         code = frame.f_code
         inside = _inside.get(code)
