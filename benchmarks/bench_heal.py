@@ -73,6 +73,9 @@ from typing import Any
 
 from _common import kill_session, launch_env
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "slurm"))
+from slurmlib import nodes_idle  # noqa: E402  (the Slurm tests' helper: this benchmark runs on their cluster)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
@@ -270,21 +273,12 @@ exec srun --mpi=pmix "$VENV/bin/python" "$@"
 """
 
 
-def _nodes_idle(hosts: list[str], timeout: float = 60) -> None:
-    want, deadline = [w for h in hosts for w in (h, "idle")], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
-                                timeout=30, check=False).stdout.split()
-        if states == want:
-            return
-        time.sleep(0.2)
-    sys.exit(f"bench_heal.py: the Slurm nodes are not idle: {states}")
-
-
 def _slurm_job(kind: str, prefix: str, tmp: Path, timeout: float) -> dict[str, Any]:
     """One ``sbatch --wait`` of ``kind``; for ``heal``, every process of node PREFIX3 killed once a call is pending."""
     hosts = [f"{prefix}{i}" for i in (1, 2, 3)]
-    _nodes_idle(hosts)
+    states = nodes_idle(hosts, 60)
+    if states is not None:
+        sys.exit(f"bench_heal.py: the Slurm nodes are not idle: {states}")
     out = tmp / f"{kind}-{time.monotonic_ns()}.out"
     env = dict(os.environ, VENV=str(BIN.parent), PYTHONPATH=str(ROOT))
     if kind == "raw":

@@ -257,3 +257,13 @@ class Failures:
         """DEAD: the controller declared a process dead."""
         _, _, addr, report = frame
         self.apply_dead(addr, report)
+
+    def on_unreachable(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """UNREACHABLE: the controller could not relay a frame of this process to a process that is gone.
+
+        Fails every wait on it, and resends around it the casts it was to
+        forward, as a death would; but it is not recorded dead (it stopped).
+        """
+        _, _, addr, report = frame
+        self._process.ports.fail_source(addr, report)
+        self._process.multicast.dead(addr)

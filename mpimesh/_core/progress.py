@@ -104,6 +104,15 @@ class Backoff:
         self._last = nap = min(ceiling, max(self._floor, self._last * 2))
         return nap
 
+    @property
+    def last(self) -> float:
+        """The last nap taken, in seconds (0 after :meth:`reset`); set it to go on from a nap saved before a reset."""
+        return self._last
+
+    @last.setter
+    def last(self, nap: float) -> None:
+        self._last = nap
+
 
 def _tighten_timer_slack() -> None:
     # Linux rounds short sleeps up by the thread's timer slack (50 us by
@@ -365,7 +374,7 @@ class Progress:
                         self._last_traffic = time.monotonic()
                         backoff.reset()
                     elif rung is not None:  # only looks: back to the naps the bell broke
-                        backoff._last = rung
+                        backoff.last = rung
                     continue
                 quiet = now - self._last_traffic
                 # An owner of window memory stays out of the deep naps: Open MPI
@@ -386,7 +395,7 @@ class Progress:
                     # traffic yet: a peer rings after its frame, which may
                     # have come in the last poll already.
                     if self._rung is None:
-                        self._rung = backoff._last
+                        self._rung = backoff.last
                     backoff.reset()
                 continue
             with cond:

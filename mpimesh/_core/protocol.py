@@ -56,7 +56,7 @@ __all__ = [
     "TAG_DATA", "TAG_FRAME", "batch", "bye", "call", "cast", "cast_again", "dead", "debug", "describe", "fault",
     "forward", "hello", "init", "link", "log", "mark", "ping", "part", "reply", "seq", "sequenced",
     "shutdown", "site_call", "spawn", "stop", "subtree",
-    "allocate", "job_hosts", "named_actor", "release",
+    "allocate", "job_hosts", "named_actor", "release", "unreachable",
 ]
 
 
@@ -91,6 +91,7 @@ class Kind:
     JOB_HOSTS: Final = 26
     NAMED_ACTOR: Final = 27
     RELEASE: Final = 28
+    UNREACHABLE: Final = 29
 
 
 class Status:
@@ -284,6 +285,18 @@ _declare(_DEAD, "DEAD", "addr report", "_core.failures.Failures.on_dead")
 def dead(addr: Addr, report: str) -> Frame:
     """Controller -> every process: the process at ``addr`` has died."""
     return (_DEAD, None, addr, report)
+
+
+_declare(Kind.UNREACHABLE, "UNREACHABLE", "addr report", "_core.failures.Failures.on_unreachable")
+
+
+def unreachable(addr: Addr, report: str) -> Frame:
+    """Controller -> the sender of a FORWARD it could not pass on: ``addr`` is gone (its island stopped).
+
+    Unlike DEAD, it says nothing of a death: the sender fails its waits on
+    ``addr`` at once, as the controller's own send there would have failed.
+    """
+    return (Kind.UNREACHABLE, None, addr, report)
 
 
 _declare(_LOG, "LOG", "stream lines", "_roles.controller.Controller.on_log")

@@ -156,6 +156,7 @@ class Runtime:
             (Kind.REPLY, self.ports.on_reply),
             (Kind.FAULT, self.failures.on_fault),
             (Kind.DEAD, self.failures.on_dead),
+            (Kind.UNREACHABLE, self.failures.on_unreachable),
             (Kind.BATCH, self.on_batch),
             (Kind.CAST, self.forwarder.on_cast),
             (Kind.SEQ, self.forwarder.on_seq),

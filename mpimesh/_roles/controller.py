@@ -22,7 +22,7 @@ from typing import Any
 from .._core import serialize as _serialize
 from .._core.logs import Printer
 from .._core.named import Registry as NamedActors
-from .._core.protocol import Frame, Kind, PortRef, Status, ping
+from .._core.protocol import Frame, Kind, PortRef, Status, ping, unreachable
 from .._core.runtime import Runtime
 from .._transport.mpi import fault_tolerant
 from ..config import settings
@@ -277,7 +277,16 @@ class Controller(BaseRole):
     def on_forward(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """FORWARD: relay a frame between islands."""
         _, _, dest, data = frame
-        self.rt.router.relay(dest, data, buffers)
+        try:
+            self.rt.router.relay(dest, data, buffers)
+        except ConnectionError as exc:
+            # Its island is gone: the sender fails its waits on ``dest`` with the error this process's own
+            # send there gets, instead of waiting out its timeout for a frame dropped here.
+            try:
+                self.rt.send(src, unreachable(dest, str(exc)))
+            except ConnectionError:
+                pass  # the sender is gone too: nobody waits
+            return
         self.rt.peers.relayed(src, dest)
 
     def on_allocate(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:

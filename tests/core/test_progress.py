@@ -30,6 +30,19 @@ def test_backoff_start_and_low_ceiling() -> None:
     assert Backoff(20e-6).nap(10e-6) == pytest.approx(10e-6)
 
 
+def test_backoff_goes_on_from_a_saved_nap() -> None:
+    """``last`` saved before a reset and set after it (a bell that was only a look) resumes the doubling there."""
+    backoff = Backoff(20e-6)
+    for _ in range(4):
+        backoff.nap(1e-3)
+    saved = backoff.last
+    assert saved == pytest.approx(160e-6)
+    backoff.reset()
+    assert backoff.last == 0.0
+    backoff.last = saved
+    assert backoff.nap(1e-3) == pytest.approx(320e-6)
+
+
 def test_deadline() -> None:
     """No timeout is an infinite deadline, so comparisons need no None check."""
     assert deadline(None, 5.0) == math.inf

@@ -21,11 +21,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+from slurmlib import nodes_idle
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slurm, pytest.mark.timeout(240)]
 
@@ -72,24 +72,14 @@ def _skip_reason() -> str:
     return ""
 
 
-def _idle() -> None:
-    want, deadline = [w for h in HOSTS for w in (h, "idle")], time.monotonic() + 30
-    states: list[str] = []
-    while time.monotonic() < deadline:
-        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True,
-                                timeout=30, check=False).stdout.split()
-        if states == want:
-            return
-        time.sleep(0.2)
-    pytest.fail(f"the nodes are not idle: {states}")
-
-
 def _run(tmp_path: Path, **env: str) -> tuple[int, str]:
     """Submit the job (6 tasks, 2 a node) with task 3 slow to boot; returns its status and output."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    _idle()
+    states = nodes_idle(HOSTS, 30)
+    if states is not None:
+        pytest.fail(f"the nodes are not idle: {states}")
     (tmp_path / "job.py").write_text(JOB)
     python = tmp_path / "python"  # the template's PYTHON: the venv's, with the stall
     (tmp_path / "slow.py").write_text(SLOW)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import pytest
 from mpitest import leftovers
+from slurmlib import nodes_idle
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slurm, pytest.mark.timeout(240)]
 
@@ -135,10 +136,8 @@ def cluster() -> Iterator[None]:
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    want, deadline = [w for h in HOSTS for w in (h, "idle")], time.monotonic() + 30
-    while (states := _sh("sinfo", "-h", "-N", "-o", "%N %t").split()) != want and time.monotonic() < deadline:
-        time.sleep(0.2)  # a node revived by the previous test registers again
-    assert states == want, f"the nodes are not idle: {states}"
+    states = nodes_idle(HOSTS, 30)  # a node revived by the previous test registers again
+    assert states is None, f"the nodes are not idle: {states}"
     yield
     revived = subprocess.run(["bash", str(CI), "revive", LOST], capture_output=True, text=True, timeout=60,
                              check=False)
