@@ -6,6 +6,12 @@
 #include "cuda_aware.h"
 #include "wire.h"
 
+/* MPI progress for ULFM's heartbeats, without the GIL (ulfm_beat.c). */
+PyObject *mpimesh_ulfm_beat_start(PyObject *self, PyObject *args);
+PyObject *mpimesh_ulfm_beat_stop(PyObject *self, PyObject *args);
+PyObject *mpimesh_ulfm_beat_hold(PyObject *self, PyObject *args);
+PyObject *mpimesh_ulfm_beat_release(PyObject *self, PyObject *args);
+
 static PyObject *cuda_compile_time(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -49,6 +55,15 @@ static PyMethodDef methods[] = {
     {"beat_stop", mpimesh_beat_stop, METH_NOARGS,
      "beat_stop() -> int\n\nStop the heartbeat thread (GIL released while it ends); the heartbeats it sent."},
     {"beat_sent", mpimesh_beat_sent, METH_NOARGS, "beat_sent() -> int\n\nHeartbeats sent so far."},
+    {"ulfm_beat_start", mpimesh_ulfm_beat_start, METH_VARARGS,
+     "ulfm_beat_start(libpath, self_handle, period, calls) -> None\n\nStart the thread that makes calls\n"
+     "MPI_Iprobe on MPI_COMM_SELF every period seconds (no GIL): ULFM's heartbeats."},
+    {"ulfm_beat_stop", mpimesh_ulfm_beat_stop, METH_NOARGS,
+     "ulfm_beat_stop() -> int\n\nStop that thread (GIL released while it ends); the wakes on which it polled."},
+    {"ulfm_beat_hold", mpimesh_ulfm_beat_hold, METH_NOARGS,
+     "ulfm_beat_hold() -> None\n\nNo MPI call from that thread until ulfm_beat_release() (nestable)."},
+    {"ulfm_beat_release", mpimesh_ulfm_beat_release, METH_NOARGS,
+     "ulfm_beat_release() -> None\n\nUndo one ulfm_beat_hold()."},
     {NULL, NULL, 0, NULL},
 };
 

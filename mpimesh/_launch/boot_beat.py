@@ -19,8 +19,10 @@ on, 8 at a time (Open MPI runs its timers once in 8 calls).  :func:`stop`
 ends it before the boot makes its first communicator, since Open MPI
 misbehaves when one thread makes a communicator while another polls
 (``_transport.mpi.alone``).  From then on the runtime's own polls (every few
-ms) feed the detector.  The module does not import MPI: the caller passes the
-call to make.
+ms) feed the detector, and in the controller a C thread that needs no GIL
+(``_transport/ulfm_beat.py``), started where this one is wanted: a script
+may hold the GIL for seconds.  The module does not import MPI: the caller
+passes the call to make.
 """
 
 from __future__ import annotations
@@ -92,5 +94,8 @@ def running() -> bool:
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether to :func:`start` the thread: the detector runs and ``MPIMESH_BOOT_BEAT`` is not ``0``."""
+    """Whether to :func:`start` the thread: the detector runs and ``MPIMESH_BOOT_BEAT`` is not ``0``.
+
+    The controller's C thread after the boot (``_transport/ulfm_beat.py``) runs under the same condition.
+    """
     return detector_on(environ) and environ.get("MPIMESH_BOOT_BEAT", "1").lower() not in ("0", "false", "no", "off")

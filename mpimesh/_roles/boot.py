@@ -27,10 +27,10 @@ from .._core import protocol
 from .._core.runtime import Runtime, extend_sys_path
 from .._data.windows import open_island
 from .._launch import boot_beat
-from .._transport import native
+from .._transport import native, ulfm_beat
 from .._transport.buffers import warm
 from .._transport.frames import CONTROLLER
-from .._transport.mpi import MPI
+from .._transport.mpi import MPI, loaded_libmpi
 from ..config import settings
 from ..errors import MeshInternalError
 from .controller import Controller
@@ -66,6 +66,9 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controll
     rt = Runtime(CONTROLLER)
     native.announce()  # once per job: the controller is rank 0, or the singleton
     comm = _join_island(rt, world, 0)
+    if native.bind():  # its MPI types fit the loaded MPI
+        # ULFM's heartbeats from now on, also while the script holds the GIL (_transport/ulfm_beat.py).
+        ulfm_beat.start(loaded_libmpi(), MPI.COMM_SELF.handle)
     infos = comm.allgather((rt.host, rt.pid))
     comm.bcast(list(sys.path), root=0)
     controller = Controller(rt, [((0, r), host, pid) for r, (host, pid) in enumerate(infos) if r > 0])

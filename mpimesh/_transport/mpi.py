@@ -19,6 +19,7 @@ from typing import Protocol
 import mpi4py
 
 from .._launch import boot_beat, survival
+from . import ulfm_beat
 
 
 def _environment_defaults() -> None:
@@ -143,10 +144,11 @@ def alone() -> Iterator[None]:
     activation (``ompi_comm_activate``) in about a third of the tries when
     another thread of the process polls ``MPI_COMM_WORLD`` meanwhile, as
     the wire does (docs/design/tensor.md, "Heal and shrink").  Holds each
-    router's locks (:meth:`~.router.Router.alone`); without a router (a bare
-    script, a unit test) there is nothing to hold.
+    router's locks (:meth:`~.router.Router.alone`), and ULFM's heartbeat
+    thread (:func:`.ulfm_beat.held`); without a router (a bare script, a unit
+    test) there is nothing to hold.
     """
-    with _alone_lock, contextlib.ExitStack() as stack:
+    with _alone_lock, ulfm_beat.held(), contextlib.ExitStack() as stack:
         for router in list(_quiet):
             stack.enter_context(router.alone())
         yield

@@ -79,3 +79,61 @@ def test_a_failing_call_ends_the_thread_quietly() -> None:
     while any(t.name == "mpimesh-boot-beat" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(t.name == "mpimesh-boot-beat" for t in threading.enumerate())
+
+
+#: a singleton that starts the C thread after the boot (_transport/ulfm_beat.py) as boot_controller does
+NATIVE = r'''
+import os, sys, time
+from mpimesh._transport import mpi, native, ulfm_beat
+from mpimesh._transport.mpi import MPI
+
+def threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/comm") as comm:
+            names.append(comm.read().strip())
+    return names.count("mpimesh-ulfm")
+
+if not native.bind():
+    print("SKIP", native.why_not, flush=True)
+    sys.exit(0)
+started = ulfm_beat.start(mpi.loaded_libmpi(), MPI.COMM_SELF.handle)
+print("STARTED", started, ulfm_beat.running(), threads(), flush=True)
+if started:
+    with mpi.alone():  # a communicator being made: no MPI call from the thread
+        time.sleep(0.5)
+        print("HELD", ulfm_beat.stop(), threads(), flush=True)
+    ulfm_beat.start(mpi.loaded_libmpi(), MPI.COMM_SELF.handle)
+    time.sleep(0.5)
+    print("POLLING", threads(), flush=True)
+    # the exit ends it before mpi4py's MPI_Finalize: an MPI_Iprobe after would abort (status 14)
+'''
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("on", [True, False])
+def test_the_c_thread_runs_after_the_boot_where_the_detector_runs(on: bool) -> None:
+    """The C thread (native/ulfm_beat.c): started only with the detector on, held by ``alone()``, ended at exit."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_MCA_mpi_ft", "MPIMESH_BOOT_BEAT"))}
+    if on:
+        environ.update(OMPI_MCA_mpi_ft_enable="true", OMPI_MCA_mpi_ft_detector="true")
+    done = subprocess.run([sys.executable, "-c", NATIVE], env={**environ, "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    if lines and lines[0].startswith("SKIP"):
+        pytest.skip(lines[0])
+    if not on:
+        assert lines == ["STARTED False False 0"], done.stdout + done.stderr
+        return
+    assert lines[0] == "STARTED True True 1", done.stdout + done.stderr
+    held = lines[1].split()
+    assert held[0] == "HELD" and int(held[1]) <= 1 and held[2] == "0", f"it polled while held: {done.stdout}"
+    assert lines[2:] == ["POLLING 1"], done.stdout + done.stderr
+    assert "after MPI_FINALIZE" not in done.stderr, done.stderr

@@ -1,0 +1,79 @@
+"""ULFM's heartbeats after the boot: MPI progress from a C thread, which needs no GIL.
+
+With its heartbeat detector on (:func:`.boot_beat.detector_on`: what mpimesh
+turns on under ``srun --mpi=pmix``), Open MPI sends a process's heartbeats
+from inside its MPI calls only.  After the boot the runtime's pollers make
+those calls, from Python threads: a script that holds the GIL longer than the
+detector's timeout (2 s: a C call through ``ctypes.PyDLL``, a ``list.sort()``
+of 12M ints) stops them all, and the other ranks declare the controller
+dead (``MPI_ERR_PROC_FAILED``, exit 1).  :func:`start` hands the boot beat's
+job (``_launch/boot_beat.py``, a Python thread that serves until the boot's
+first communicator) to a thread of ``mpimesh._native`` (native/ulfm_beat.c)
+for the rest of the process's life.  :func:`held` keeps it from MPI while
+:func:`.mpi.alone` makes a communicator.  It ends at the interpreter's
+exit right before mpi4py's ``MPI_Finalize`` (a ``Py_AtExit`` function): an
+``atexit`` stop came before the interpreter's teardown, seconds without an MPI
+call where it frees much, and the other ranks, in ``MPI_Finalize`` already,
+declared the controller dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .._launch import boot_beat
+
+__all__ = ["start", "stop", "held", "running"]
+
+_native: Any = None  # mpimesh._native while the thread runs
+
+
+def start(libpath: str | None, self_handle: int, environ: Mapping[str, str] = os.environ) -> bool:
+    """Start the thread where :func:`.boot_beat.wanted`; returns whether it runs.
+
+    Args:
+        libpath: the loaded libmpi (:func:`.mpi.loaded_libmpi`); ``None``: not found, no thread.
+        self_handle: ``MPI.COMM_SELF.handle``, the communicator it probes.
+        environ: where the detector's MCA variables and ``MPIMESH_BOOT_BEAT`` are read.
+    """
+    global _native
+    if _native is not None or libpath is None or not boot_beat.wanted(environ):
+        return _native is not None
+    try:
+        from .. import _native as native
+    except ImportError:  # no native part: the Python pollers alone feed the detector
+        return False
+    if not hasattr(native, "ulfm_beat_start"):
+        return False
+    native.ulfm_beat_start(libpath, self_handle, boot_beat.PERIOD, boot_beat.CALLS)
+    _native = native
+    return True
+
+
+def stop() -> int:
+    """End the thread now and wait for its last MPI call; returns the wakes on which it polled (0: none ran)."""
+    global _native
+    native, _native = _native, None
+    return 0 if native is None else int(native.ulfm_beat_stop())
+
+
+def running() -> bool:
+    """Whether the thread runs."""
+    return _native is not None
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """No MPI call from the thread meanwhile (its polls under way end first, the GIL released)."""
+    native = _native
+    if native is None:
+        yield
+        return
+    native.ulfm_beat_hold()
+    try:
+        yield
+    finally:
+        native.ulfm_beat_release()
