@@ -112,6 +112,9 @@ def boot_pool(world: MPI.Intracomm) -> Worker:
     rt = Runtime((0, world.Get_rank()))
     worker = Worker(rt)
     comm = _join_island(rt, world, 0)
+    if native.bind():
+        # ULFM's heartbeats while an actor holds the GIL, as on the controller (_transport/ulfm_beat.py)
+        ulfm_beat.start(loaded_libmpi(), MPI.COMM_SELF.handle)
     rt.router.set_relay(0)
     infos = comm.allgather((rt.host, rt.pid))
     rt.controller_host, rt.controller_pid = infos[0]

@@ -25,6 +25,7 @@ from .._core.logs import Forwarder, go_local, install_forwarders, warn
 from .._core.ports import OneReply
 from .._core.protocol import CONTROLLER, Frame, Kind, PortRef
 from .._core.runtime import Runtime, extend_sys_path
+from .._transport import ulfm_beat
 from .._transport.buffers import warm
 from .._transport.frames import TAG_FRAME
 from .._transport.mpi import MPI, library
@@ -366,6 +367,7 @@ def finish(code: int, dead: bool) -> int:
     if dead and not mpich:
         os._exit(code)
     faulthandler.dump_traceback_later(FINALIZE_BOUND, exit=True)
+    ulfm_beat.stop()  # its thread's last MPI call returns first: none may run beside or after MPI_Finalize
     MPI.Finalize()
     # MPI_Finalize, the call known to spin, is done: what is left is the
     # interpreter's own exit, which with torch loaded takes 3-9 s on a loaded

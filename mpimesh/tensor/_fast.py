@@ -13,6 +13,7 @@ classes use it: a class names the attribute its handles are keyed by
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from typing import Any
@@ -23,7 +24,7 @@ from ._client import BATCH as _BATCH
 from ._client import _ids
 from ._commands import OPF
 
-__all__ = ["MISS", "fast", "remember", "site"]
+__all__ = ["MISS", "Token", "fast", "remember", "site"]
 
 #: What :func:`fast` returns when it cannot replay the operation.
 MISS: Any = object()
@@ -37,8 +38,47 @@ _STRIDED = torch.strided
 
 # Frames in these directories are not the line a command is reported at.
 _INTERNAL = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
-_inside: dict[Any, bool] = {}  # code object -> in torch or mpimesh
-_sites: dict[tuple[Any, int], str] = {}  # one string per line: a batch pickles it once
+# Both tables are keyed by id(code), not by the code object: a code object's hash is computed anew at
+# each call (its name, bytecode and constants: ~2 us of T1's ~47 per operation), and each value holds
+# its code object, so no id in a table can be reused while its entry lives.
+_inside: dict[int, tuple[bool, Any]] = {}  # id(code) -> (in torch or mpimesh, code)
+# (id(code), f_lasti) -> (file:line in function, code): one string per line, which a batch pickles once;
+# keyed by the instruction, since frame.f_lineno scans the code's line table from its start at each read
+_sites: dict[tuple[int, int], tuple[str, Any]] = {}
+_lines: dict[tuple[int, int], str] = {}  # (id(code), line) -> that string, for every instruction of the line
+
+
+_tokens: dict[Any, int] = {}  # a _fast_key value -> its token
+_next_token = itertools.count(1)  # never reused: a token outlives a cleared table without meaning another key
+
+
+def token(key: Any) -> int:
+    """The int that stands for ``key`` (a handle's ``_fast_key`` value) in :func:`fast`'s table keys."""
+    found = _tokens.get(key)
+    if found is None:
+        if len(_tokens) >= 4 * LIMIT:
+            _tokens.clear()
+        found = _tokens[key] = next(_next_token)
+    return found
+
+
+class Token:
+    """A handle's ``_fk``: the token of its ``_fast_key`` value, found once and kept in its ``__dict__``.
+
+    The fast path keys its table by these ints rather than by the metadata
+    itself: a tuple's hash is computed anew at each lookup, and hashing a
+    handle's metadata (shape, strides, dtype, device; a ``DTensorSpec``
+    through a Python ``__hash__``) each operation cost ~2-3 us of T1.  A
+    handle's key never changes after it is made, so neither does its token.
+    A non-data descriptor: the value it stores in the instance's
+    ``__dict__`` is found before it from then on.
+    """
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            return self
+        found = obj.__dict__["_fk"] = token(getattr(obj, obj._fast_key))
+        return found
 
 
 def site(skip: int = 1) -> str:
@@ -54,20 +94,25 @@ def site(skip: int = 1) -> str:
     known = _inside.get
     while frame.f_back is not None:
         code = frame.f_code
-        inside = known(code)
-        if inside is None:
-            inside = _inside[code] = code.co_filename.startswith(_INTERNAL)
-        if not inside:
+        entry = known(id(code))
+        if entry is None:
+            entry = _inside[id(code)] = (code.co_filename.startswith(_INTERNAL), code)
+        if not entry[0]:
             break
         frame = frame.f_back
     code = frame.f_code
-    key = (code, frame.f_lineno)
-    text = _sites.get(key)
-    if text is None:
+    key = (id(code), frame.f_lasti)
+    hit = _sites.get(key)
+    if hit is None:
         if len(_sites) > 65536:
             _sites.clear()
-        text = _sites[key] = f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
-    return text
+            _lines.clear()
+        line = (id(code), frame.f_lineno)
+        text = _lines.get(line)
+        if text is None:
+            text = _lines[line] = f"{code.co_filename}:{line[1]} in {code.co_name}"
+        hit = _sites[key] = (text, code)
+    return hit[0]
 
 
 def fast(func: Any, args: tuple[Any, ...], cls: type, table: dict[tuple[Any, ...], tuple[Any, ...]],
@@ -82,7 +127,6 @@ def fast(func: Any, args: tuple[Any, ...], cls: type, table: dict[tuple[Any, ...
     first: Any = None
     parts: list[Any] = [id(func)]
     cargs: list[Any] = []
-    attr = cls._fast_key  # type: ignore[attr-defined]
     for a in args:
         c = a.__class__
         if c is cls:
@@ -90,7 +134,7 @@ def fast(func: Any, args: tuple[Any, ...], cls: type, table: dict[tuple[Any, ...
                 first = a
             elif a._procs is not first._procs:
                 return MISS
-            parts.append(getattr(a, attr))
+            parts.append(a._fk)
             cargs.append(a._id)
         elif c in _SCALARS:
             parts.append(c)
@@ -107,7 +151,7 @@ def fast(func: Any, args: tuple[Any, ...], cls: type, table: dict[tuple[Any, ...
     client = first._client
     if hit is None or client.changed:
         return MISS
-    name, refs, same, shape, stride, dtype, mkey, extra = hit
+    name, refs, same, shape, stride, dtype, mkey, extra, fk = hit
     t: Any
     if same is None:
         # positionally (size, strides, storage_offset, memory_format, dtype, layout, device): torch
@@ -119,6 +163,7 @@ def fast(func: Any, args: tuple[Any, ...], cls: type, table: dict[tuple[Any, ...
         d["_client"] = client
         d["_mkey"] = mkey
         d["_id"] = tid
+        d["_fk"] = fk
         if extra is not None:
             d.update(extra)
         client.young.append((t, tid))  # client.watch(t, tid), inline
@@ -132,15 +177,14 @@ def fast(func: Any, args: tuple[Any, ...], cls: type, table: dict[tuple[Any, ...
         frame = sys._getframe(1)
     while frame.f_back is not None:
         code = frame.f_code
-        inside = _inside.get(code)
-        if inside is None:
-            inside = _inside[code] = code.co_filename.startswith(_INTERNAL)
-        if not inside:
+        entry = _inside.get(id(code))
+        if entry is None:
+            entry = _inside[id(code)] = (code.co_filename.startswith(_INTERNAL), code)
+        if not entry[0]:
             break
         frame = frame.f_back
-    text = _sites.get((frame.f_code, frame.f_lineno))
-    if text is None:
-        text = site(2)
+    known = _sites.get((id(frame.f_code), frame.f_lasti))
+    text = site(2) if known is None else known[0]
     command = (OPF, name, tuple(cargs), refs, None, (tid,), text)
     view = procs.view_shape
     # client.issue(view, command), inline where the batch is of this view and not full
@@ -163,10 +207,9 @@ def remember(table: dict[tuple[Any, ...], tuple[Any, ...]], func: Any, name: str
     """
     parts: list[Any] = [id(func)]
     refs: list[int] = []
-    attr = cls._fast_key  # type: ignore[attr-defined]
     for i, a in enumerate(args):
         if a.__class__ is cls:
-            parts.append(getattr(a, attr))
+            parts.append(a._fk)  # type: ignore[attr-defined]
             refs.append(i)
         elif a.__class__ in _SCALARS:
             parts.append(a.__class__)
@@ -176,11 +219,14 @@ def remember(table: dict[tuple[Any, ...], tuple[Any, ...]], func: Any, name: str
     if not refs:
         return
     if same is not None:
-        entry: tuple[Any, ...] = (name, tuple(refs), same, None, None, None, None, None)
+        entry: tuple[Any, ...] = (name, tuple(refs), same, None, None, None, None, None, None)
     elif new is not None:
         shape, stride, dtype = new
         device = args[refs[0]]._mkey[4]
-        entry = (name, tuple(refs), None, shape, stride, dtype, (True, shape, tuple(stride), dtype, device), extra)
+        mkey = (True, shape, tuple(stride), dtype, device)
+        attr = cls._fast_key  # type: ignore[attr-defined]
+        key = extra[attr] if extra is not None and attr in extra else mkey
+        entry = (name, tuple(refs), None, shape, stride, dtype, mkey, extra, token(key))
     else:
         return
     if len(table) >= LIMIT:

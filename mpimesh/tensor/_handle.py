@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from .._core import serialize as _serialize
 from ._client import MeshClient, client_of, next_id
 from ._commands import OP, OPF, Ref
-from ._fast import MISS, fast, remember, site
+from ._fast import MISS, Token, fast, remember, site
 
 if TYPE_CHECKING:
     from ._mesh import ProcMesh
@@ -57,6 +57,7 @@ class Tensor(torch.Tensor):
     _mkey: tuple[Any, ...]
     #: what the fast path keys these handles by (_fast.fast)
     _fast_key = "_mkey"
+    _fk = Token()
 
     @staticmethod
     def __new__(cls, meta: torch.Tensor | None, procs: ProcMesh, client: MeshClient, device: torch.device,
