@@ -56,13 +56,7 @@ static void *beat_main(void *arg) {
     (void)arg;
     pthread_mutex_lock(&lock);
     while (!stopping) {
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += (time_t)period;
-        until.tv_nsec += (long)((period - (double)(time_t)period) * 1e9);
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec += 1;
-            until.tv_nsec -= 1000000000L;
-        }
+        mpimesh_deadline(&until, period);
         while (!stopping && pthread_cond_timedwait(&wake, &lock, &until) == 0) {
         }
         if (stopping) break;

@@ -8,6 +8,7 @@
 #define MPIMESH_COMPAT_H
 
 #include <mpi.h>
+#include <time.h>
 
 #define MPIMESH_STR_(x) #x
 #define MPIMESH_STR(x) MPIMESH_STR_(x)
@@ -53,5 +54,17 @@
 #else
 #  define MPIMESH_GPU_SUPPORT_CUDA MPIX_GPU_SUPPORT_CUDA
 #endif
+
+/* The CLOCK_REALTIME instant `seconds` from now, as pthread_cond_timedwait and
+ * pthread_mutex_timedlock take it: the one deadline computation of the C threads. */
+static inline void mpimesh_deadline(struct timespec *until, double seconds) {
+    clock_gettime(CLOCK_REALTIME, until);
+    until->tv_sec += (time_t)seconds;
+    until->tv_nsec += (long)((seconds - (double)(time_t)seconds) * 1e9);
+    if (until->tv_nsec >= 1000000000L) {
+        until->tv_sec += 1;
+        until->tv_nsec -= 1000000000L;
+    }
+}
 
 #endif /* MPIMESH_COMPAT_H */
