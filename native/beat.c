@@ -52,14 +52,9 @@ static void *beat_main(void *arg) {
     MPI_Request req;
     int pending = 0, done = 0, err, i;
     double cpu = cpu_seconds(), now_cpu;
-    struct timespec until;
     (void)arg;
     pthread_mutex_lock(&lock);
-    while (!stopping) {
-        mpimesh_deadline(&until, period);
-        while (!stopping && pthread_cond_timedwait(&wake, &lock, &until) == 0) {
-        }
-        if (stopping) break;
+    while (!mpimesh_nap(&wake, &lock, &stopping, period)) {
         now_cpu = cpu_seconds();
         if (now_cpu - cpu < share * period) {
             cpu = now_cpu;

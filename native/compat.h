@@ -8,6 +8,7 @@
 #define MPIMESH_COMPAT_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <time.h>
 
 #define MPIMESH_STR_(x) #x
@@ -65,6 +66,16 @@ static inline void mpimesh_deadline(struct timespec *until, double seconds) {
         until->tv_sec += 1;
         until->tv_nsec -= 1000000000L;
     }
+}
+
+/* A C thread's wait between two rounds: `seconds`, or until *stopping is set and `wake` signalled (both
+ * under `lock`, which the caller holds).  Returns *stopping. */
+static inline int mpimesh_nap(pthread_cond_t *wake, pthread_mutex_t *lock, const int *stopping, double seconds) {
+    struct timespec until;
+    mpimesh_deadline(&until, seconds);
+    while (!*stopping && pthread_cond_timedwait(wake, lock, &until) == 0) {
+    }
+    return *stopping;
 }
 
 #endif /* MPIMESH_COMPAT_H */

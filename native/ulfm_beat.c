@@ -56,15 +56,10 @@ static long wakes;
 static int at_exit_set;
 
 static void *ulfm_beat_main(void *arg) {
-    struct timespec until;
     int i, flag;
     (void)arg;
     pthread_mutex_lock(&lock);
-    while (!stopping) {
-        mpimesh_deadline(&until, period);
-        while (!stopping && pthread_cond_timedwait(&wake, &lock, &until) == 0) {
-        }
-        if (stopping) break;
+    while (!mpimesh_nap(&wake, &lock, &stopping, period)) {
         if (held) continue; /* a communicator is being made: its maker's own calls drive progress */
         for (i = 0; i < calls; i++) {
             /* an error: MPI is failing, and the runtime's own calls say how; keep polling (progress) */
