@@ -16,7 +16,11 @@ exchange of host memory alone (no GPU copies), what the machine's MPI gives.
 The reduction: inside ``activate()``, ``t.reduce("gpus", "sum")`` of a 4 MiB
 CUDA tensor on two workers, fetched back (synchronizes), against a raw
 mpi4py ``Allreduce`` of pinned copies with the same copies to and from the
-GPU, between the same two workers.  Prints one JSON line.
+GPU, between the same two workers.  Both are timed at the controller, each
+with its round trip (the engine's issue and fetch; the raw one's call to the
+two workers and their replies); the raw reduction timed on the workers alone,
+between barriers, is reported beside (``reduce_baseline_workers_ms``).
+Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -81,27 +85,41 @@ class Receiver(Actor):
         return reps
 
     @endpoint
-    def raw_allreduce(self, ranks: list[int], numel: int, reps: int) -> list[float]:
+    def raw_open(self, ranks: list[int], numel: int) -> None:
+        """Make the raw reduction's communicator of ``ranks`` and its buffers (collective over them)."""
         world = MPI.COMM_WORLD
         group = world.Get_group().Incl(ranks)
-        comm = world.Create_group(group, tag=RAW_TAG)
+        self.comm = world.Create_group(group, tag=RAW_TAG)
         group.Free()
-        dev = torch.ones(numel, device=DEVICE)
-        send, recv = pinned(numel * 4).view(torch.float32), pinned(numel * 4).view(torch.float32)
+        self.dev = torch.ones(numel, device=DEVICE)
+        self.send, self.recv = pinned(numel * 4).view(torch.float32), pinned(numel * 4).view(torch.float32)
+
+    def _allreduce(self) -> None:
+        self.send.copy_(self.dev)
+        self.comm.Allreduce(self.send.numpy(), self.recv.numpy(), MPI.SUM)
+        self.dev.copy_(self.recv, non_blocking=True)
+        sync()
+
+    @endpoint
+    def raw_allreduce(self, reps: int) -> list[float]:
+        """Seconds of each of ``reps`` reductions, timed here between barriers (no controller in them)."""
         out = []
-        try:
-            for _ in range(reps):
-                comm.Barrier()
-                t0 = time.perf_counter()
-                send.copy_(dev)
-                comm.Allreduce(send.numpy(), recv.numpy(), MPI.SUM)
-                dev.copy_(recv, non_blocking=True)
-                sync()
-                comm.Barrier()
-                out.append(time.perf_counter() - t0)
-        finally:
-            comm.Free()
+        for _ in range(reps):
+            self.comm.Barrier()
+            t0 = time.perf_counter()
+            self._allreduce()
+            self.comm.Barrier()
+            out.append(time.perf_counter() - t0)
         return out
+
+    @endpoint
+    def raw_allreduce_once(self) -> None:
+        """One reduction, for the controller to time with its call's round trip, as it times the engine's."""
+        self._allreduce()
+
+    @endpoint
+    def raw_close(self) -> None:
+        self.comm.Free()
 
 
 def timed(fn: Any, n: int) -> float:
@@ -174,7 +192,7 @@ def main() -> None:
         return statistics.median(secs[2:])
 
     numel = 1 << 20
-    ours, base, host_only, red, red_base = [], [], [], [], []
+    ours, base, host_only, red, red_base, red_workers = [], [], [], [], [], []
     for _ in range(args.repeats):
         assert one.ignore.call_one(x).get(60) == str(x.device)
         ours.append(timed(lambda: one.ignore.call_one(x).get(60), args.calls))
@@ -192,9 +210,17 @@ def main() -> None:
         reduce_once()
         red.append(timed(reduce_once, args.calls))
         if from_pool:
-            futs = [mesh.slice(gpus=g).raw_allreduce.call_one(ranks, numel, args.calls + 2) for g in (0, 1)]
-            red_base.append(statistics.median(futs[0].get(120)[2:]))
+            mesh.raw_open.call(ranks, numel).get(120)
+            futs = [mesh.slice(gpus=g).raw_allreduce.call_one(args.calls + 2) for g in (0, 1)]
+            red_workers.append(statistics.median(futs[0].get(120)[2:]))
             futs[1].get(120)
+
+            def raw_once() -> None:
+                mesh.raw_allreduce_once.call().get(60)
+
+            raw_once()
+            red_base.append(timed(raw_once, args.calls))
+            mesh.raw_close.call().get(60)
 
     record = {
         "bench": "B4-cuda",
@@ -213,9 +239,13 @@ def main() -> None:
         "host_only_ms": r(median(host_only) * 1e3) if host_only else None,
         "host_only_gbps": gbps(median(host_only) * 1e3) if host_only else None,
         "reduce_ms": r(median(red) * 1e3),
-        "reduce_baseline": "same two workers: pinned copy, Allreduce, copy back to the GPU, synchronize",
+        "reduce_timing": "at the controller: issue, reduce, fetch of one element (its round trip included)",
+        "reduce_baseline": "same two workers: pinned copy, Allreduce, copy back to the GPU, synchronize; timed at the "
+                           "controller from its call to both workers' replies (a round trip, as the reduce's)",
         "reduce_baseline_ms": r(median(red_base) * 1e3) if red_base else None,
         "reduce_ratio": r(median(red) / median(red_base)) if red_base else None,
+        "reduce_baseline_workers": "the same reduction timed on the workers between barriers (no round trip)",
+        "reduce_baseline_workers_ms": r(median(red_workers) * 1e3) if red_workers else None,
         "copies": local_copies,
         "copies_note": "64 MiB off and onto the GPU in the controller's process, no MPI",
     }

@@ -143,8 +143,12 @@ def ulfm_beat_start(libpath: str, self_handle: int, period: float, calls: int, /
 def ulfm_beat_stop() -> int:
     """Stop that thread, if it runs; returns the wakes on which it polled."""
 
-def ulfm_beat_hold() -> None:
-    """No MPI call from that thread until :func:`ulfm_beat_release` (nestable); waits for its polls to end."""
+def ulfm_beat_hold(bound: float, /) -> None:
+    """No MPI call from that thread until :func:`ulfm_beat_release` (nestable); waits for its polls to end.
+
+    Raises:
+        TimeoutError: its polls did not end within ``bound`` seconds (an ``MPI_Iprobe`` stuck); not held.
+    """
 
 def ulfm_beat_release() -> None:
     """Undo one :func:`ulfm_beat_hold`."""

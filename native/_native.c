@@ -60,8 +60,9 @@ static PyMethodDef methods[] = {
      "MPI_Iprobe on MPI_COMM_SELF every period seconds (no GIL): ULFM's heartbeats."},
     {"ulfm_beat_stop", mpimesh_ulfm_beat_stop, METH_NOARGS,
      "ulfm_beat_stop() -> int\n\nStop that thread (GIL released while it ends); the wakes on which it polled."},
-    {"ulfm_beat_hold", mpimesh_ulfm_beat_hold, METH_NOARGS,
-     "ulfm_beat_hold() -> None\n\nNo MPI call from that thread until ulfm_beat_release() (nestable)."},
+    {"ulfm_beat_hold", mpimesh_ulfm_beat_hold, METH_VARARGS,
+     "ulfm_beat_hold(bound) -> None\n\nNo MPI call from that thread until ulfm_beat_release() (nestable);\n"
+     "TimeoutError, not held, when its polls do not end within bound seconds."},
     {"ulfm_beat_release", mpimesh_ulfm_beat_release, METH_NOARGS,
      "ulfm_beat_release() -> None\n\nUndo one ulfm_beat_hold()."},
     {NULL, NULL, 0, NULL},

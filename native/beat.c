@@ -52,20 +52,9 @@ static void *beat_main(void *arg) {
     MPI_Request req;
     int pending = 0, done = 0, err, i;
     double cpu = cpu_seconds(), now_cpu;
-    struct timespec until;
     (void)arg;
     pthread_mutex_lock(&lock);
-    while (!stopping) {
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += (time_t)period;
-        until.tv_nsec += (long)((period - (double)(time_t)period) * 1e9);
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec += 1;
-            until.tv_nsec -= 1000000000L;
-        }
-        while (!stopping && pthread_cond_timedwait(&wake, &lock, &until) == 0) {
-        }
-        if (stopping) break;
+    while (!mpimesh_nap(&wake, &lock, &stopping, period)) {
         now_cpu = cpu_seconds();
         if (now_cpu - cpu < share * period) {
             cpu = now_cpu;

@@ -8,6 +8,8 @@
 #define MPIMESH_COMPAT_H
 
 #include <mpi.h>
+#include <pthread.h>
+#include <time.h>
 
 #define MPIMESH_STR_(x) #x
 #define MPIMESH_STR(x) MPIMESH_STR_(x)
@@ -53,5 +55,27 @@
 #else
 #  define MPIMESH_GPU_SUPPORT_CUDA MPIX_GPU_SUPPORT_CUDA
 #endif
+
+/* The CLOCK_REALTIME instant `seconds` from now, as pthread_cond_timedwait and
+ * pthread_mutex_timedlock take it: the one deadline computation of the C threads. */
+static inline void mpimesh_deadline(struct timespec *until, double seconds) {
+    clock_gettime(CLOCK_REALTIME, until);
+    until->tv_sec += (time_t)seconds;
+    until->tv_nsec += (long)((seconds - (double)(time_t)seconds) * 1e9);
+    if (until->tv_nsec >= 1000000000L) {
+        until->tv_sec += 1;
+        until->tv_nsec -= 1000000000L;
+    }
+}
+
+/* A C thread's wait between two rounds: `seconds`, or until *stopping is set and `wake` signalled (both
+ * under `lock`, which the caller holds).  Returns *stopping. */
+static inline int mpimesh_nap(pthread_cond_t *wake, pthread_mutex_t *lock, const int *stopping, double seconds) {
+    struct timespec until;
+    mpimesh_deadline(&until, seconds);
+    while (!*stopping && pthread_cond_timedwait(wake, lock, &until) == 0) {
+    }
+    return *stopping;
+}
 
 #endif /* MPIMESH_COMPAT_H */

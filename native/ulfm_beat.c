@@ -12,13 +12,15 @@
  * does through the boot.
  *
  *   ulfm_beat_start(libpath, self_handle, period, calls)  start the thread (one per process)
- *   ulfm_beat_hold() / ulfm_beat_release()  no MPI call from it in between (nestable)
+ *   ulfm_beat_hold(bound) / ulfm_beat_release()  no MPI call from it in between (nestable);
+ *       hold() raises TimeoutError, not held, when the thread's polls do not end within bound seconds
  *   ulfm_beat_stop() -> int  stop it (the interpreter's exit does too); the wakes on which it polled
  *
  * Open MPI waits for ever in a communicator's activation when another thread
  * polls meanwhile: mpimesh/_transport/mpi.alone() holds the thread as it
  * holds the runtime's pollers.  The thread polls under `lock`, so hold()
- * returns once its polls are done; it waits with the GIL released.
+ * returns once its polls are done; it waits with the GIL released, and at most
+ * `bound` seconds (an MPI_Iprobe that never returns must not hang its caller).
  *
  * It ends right before mpi4py's MPI_Finalize: a cleanup function of
  * Py_AtExit, registered after mpi4py's, runs before it (last in, first out).
@@ -34,6 +36,7 @@
 #include "wire.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,21 +56,10 @@ static long wakes;
 static int at_exit_set;
 
 static void *ulfm_beat_main(void *arg) {
-    struct timespec until;
     int i, flag;
     (void)arg;
     pthread_mutex_lock(&lock);
-    while (!stopping) {
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += (time_t)period;
-        until.tv_nsec += (long)((period - (double)(time_t)period) * 1e9);
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec += 1;
-            until.tv_nsec -= 1000000000L;
-        }
-        while (!stopping && pthread_cond_timedwait(&wake, &lock, &until) == 0) {
-        }
-        if (stopping) break;
+    while (!mpimesh_nap(&wake, &lock, &stopping, period)) {
         if (held) continue; /* a communicator is being made: its maker's own calls drive progress */
         for (i = 0; i < calls; i++) {
             /* an error: MPI is failing, and the runtime's own calls say how; keep polling (progress) */
@@ -158,13 +150,28 @@ PyObject *mpimesh_ulfm_beat_stop(PyObject *self, PyObject *args) {
 }
 
 PyObject *mpimesh_ulfm_beat_hold(PyObject *self, PyObject *args) {
+    double bound;
+    struct timespec until;
+    int rc;
     (void)self;
-    (void)args;
+    if (!PyArg_ParseTuple(args, "d:ulfm_beat_hold", &bound)) return NULL;
     Py_BEGIN_ALLOW_THREADS /* the thread may be in its polls: wait for them without the GIL */
-    pthread_mutex_lock(&lock);
-    held++;
-    pthread_mutex_unlock(&lock);
+    mpimesh_deadline(&until, bound);
+    rc = pthread_mutex_timedlock(&lock, &until);
+    if (rc == 0) {
+        held++;
+        pthread_mutex_unlock(&lock);
+    }
     Py_END_ALLOW_THREADS
+    if (rc == ETIMEDOUT) {
+        /* an MPI_Iprobe that does not return: MPI's progress is stuck, and a communicator made now would be too */
+        char text[160];
+        snprintf(text, sizeof text, "ulfm_beat_hold: the thread's MPI_Iprobe has not returned within %g s "
+                 "(MPI's progress is stuck); not held", bound); /* PyErr_Format has no %g */
+        PyErr_SetString(PyExc_TimeoutError, text);
+        return NULL;
+    }
+    if (rc != 0) return PyErr_Format(PyExc_OSError, "ulfm_beat_hold: pthread_mutex_timedlock failed (error %d)", rc);
     Py_RETURN_NONE;
 }
 

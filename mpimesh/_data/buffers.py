@@ -274,7 +274,7 @@ _locked: dict[int, bool] = {}
 LOCK_MIN_BYTES = 2 << 20
 
 
-def page_lock(buf: Any) -> bool:
+def page_lock(buf: Any, cudart: Any = None) -> bool:
     """Page-lock, once, the pool's receive block under ``buf``, so that a copy from it to a GPU runs at DMA speed.
 
     A copy onto the GPU from pageable memory goes through the driver's own
@@ -284,7 +284,15 @@ def page_lock(buf: Any) -> bool:
     unregistered when the pool and every tensor over it let go of it, before
     its mapping goes.  Best effort: anything else (a copy, a small block, a
     registration CUDA refuses) is left pageable.  True where ``buf`` is in
-    page-locked memory now.
+    page-locked memory now.  A refused registration's error is cleared from
+    the CUDA runtime's last error, which a later, unrelated CUDA call would
+    report otherwise.
+
+    Args:
+        buf: the receive buffer a CUDA tensor is about to be copied from.
+        cudart: the CUDA runtime library (``cudaHostRegister``, ``cudaHostUnregister``,
+            ``cudaGetLastError``); ``None``: the one torch loaded (:func:`_cudart`), and nothing is
+            registered where there is none.
     """
     import mmap
 
@@ -306,18 +314,50 @@ def page_lock(buf: Any) -> bool:
         known = _locked.get(addr)
         if known is not None:
             return known
-        cudart = _torch().cuda.cudart()
+        cudart = cudart if cudart is not None else _cudart()
+        if cudart is None:
+            return False
         ok = int(cudart.cudaHostRegister(addr, block.nbytes, 0)) == 0
+        if not ok:
+            cudart.cudaGetLastError()  # reset the runtime's last error to cudaSuccess
         _locked[addr] = ok
     if ok:
-        weakref.finalize(block, _unlock, addr)
+        weakref.finalize(block, _unlock, addr, cudart)
     return ok
 
 
-def _unlock(addr: int) -> None:
+_runtime: list[Any] = []  # the CUDA runtime library, once found
+
+
+def _cudart() -> Any:
+    """The CUDA runtime library torch loaded (ctypes), or ``None``: no torch, no CUDA, or none mapped.
+
+    Not ``torch.cuda.cudart()``: its bindings lack ``cudaGetLastError``, and
+    only the runtime that made an error can clear it, so this is the very
+    ``libcudart`` mapped into the process (a second copy has an error state of
+    its own).  A torch that links the runtime statically has none: its
+    blocks stay pageable.
+    """
+    if _runtime:
+        return _runtime[0]
+    torch = _torch()
+    if torch is None or not torch.cuda.is_available():
+        return None
+    with open("/proc/self/maps") as maps:
+        paths = [line[line.index("/"):].strip() for line in maps if "/libcudart.so" in line]
+    if not paths:
+        return None
+    lib = ctypes.CDLL(paths[0])
+    lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+    lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+    _runtime.append(lib)
+    return lib
+
+
+def _unlock(addr: int, cudart: Any) -> None:
     with _staging_lock:
         if _locked.pop(addr, False):
-            _torch().cuda.cudart().cudaHostUnregister(addr)  # an error at exit (CUDA gone) changes nothing
+            cudart.cudaHostUnregister(addr)  # an error at exit (CUDA gone) changes nothing
 
 
 _staging_lock = threading.Lock()

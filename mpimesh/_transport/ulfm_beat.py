@@ -26,9 +26,12 @@ from typing import Any
 
 from .._launch import boot_beat
 
-__all__ = ["start", "stop", "held", "running"]
+__all__ = ["HOLD_BOUND", "start", "stop", "held", "running"]
 
 _native: Any = None  # mpimesh._native while the thread runs
+
+#: Seconds :func:`held` waits at most for the thread's polls under way (8 ``MPI_Iprobe``, microseconds each).
+HOLD_BOUND = 30.0
 
 
 def start(libpath: str | None, self_handle: int, environ: Mapping[str, str] = os.environ) -> bool:
@@ -66,13 +69,18 @@ def running() -> bool:
 
 
 @contextlib.contextmanager
-def held() -> Iterator[None]:
-    """No MPI call from the thread meanwhile (its polls under way end first, the GIL released)."""
+def held(bound: float = HOLD_BOUND) -> Iterator[None]:
+    """No MPI call from the thread meanwhile (its polls under way end first, the GIL released).
+
+    Raises:
+        TimeoutError: the thread's polls did not end within ``bound`` seconds: an ``MPI_Iprobe`` that does
+            not return, MPI's progress stuck (nothing is held, and the body does not run).
+    """
     native = _native
     if native is None:
         yield
         return
-    native.ulfm_beat_hold()
+    native.ulfm_beat_hold(bound)
     try:
         yield
     finally:

@@ -30,6 +30,7 @@ from torch.distributed.tensor.experimental import implicit_replication
 from .._torchmpi import _backend as _mpi
 from .._torchmpi import _world as _mpi_world
 from ..context import current_rank
+from ._device import use_local_device
 from ._engine import resolve_op
 from ._op_rules import by_decomposition, decomposed
 
@@ -130,6 +131,7 @@ def join_world(key: Any, ranks: list[int], sizes: list[int], names: list[str], a
         store = TCPStore(host, int(port), world, is_master=False)
     _mpi_world.remember(procs, rank, None, tag)
     _MEMBERS[key] = procs
+    use_local_device()  # NCCL and the device mesh use the current device
     dist.init_process_group(backend(device), store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=COLLECTIVE_TIMEOUT))
     mesh = DeviceMesh(device, torch.arange(world).view(sizes), mesh_dim_names=tuple(names))

@@ -23,7 +23,7 @@ from ..actor import Actor, endpoint
 from ..context import context, current_rank
 from ..errors import RemoteTensorError
 from ..shape import Shape
-from . import _collectives
+from . import _collectives, _device
 from ._commands import BCAST, DEL, INDEX, OP, OPF, PUT, RANK, REDUCE, REMOTE, Poison, Ref
 
 __all__ = ["Engine", "resolve_op"]
@@ -56,6 +56,7 @@ class Engine(Actor):
     """Holds this process's tensors of one mesh and runs the controller's commands on them."""
 
     def __init__(self) -> None:
+        _device.use_local_device()  # before any tensor: on a node of several GPUs, not everyone's cuda:0
         # this process's index in the mesh's processes (the base index of every view's Shape)
         self.index = current_rank().rank
         self.table: dict[int, Any] = {}

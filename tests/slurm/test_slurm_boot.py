@@ -19,13 +19,12 @@ as root with ``MPIMESH_TEST_SLURM_HOSTS`` set; skips with the reason otherwise.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from slurmlib import nodes_idle
+from slurmlib import nodes_idle, sbatch_wait
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slurm, pytest.mark.timeout(240)]
 
@@ -85,22 +84,12 @@ def _run(tmp_path: Path, **env: str) -> tuple[int, str]:
     (tmp_path / "slow.py").write_text(SLOW)
     python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / "slow.py"}" "$@"\n')
     python.chmod(0o755)
-    out = tmp_path / "job.out"
     environ = {**os.environ, "VENV": str(Path(sys.executable).parent.parent), "PYTHON": str(python),
                "SRUN_MPI": "pmix", "PYTHONPATH": str(ROOT), "MPIMESH_TEST_STALL": str(STALL),
                "MPIMESH_TEST_TAG": f"mpimesh-test-slurm-{uuid.uuid4().hex[:8]}", **env}
-    name = f"boot-{uuid.uuid4().hex[:6]}"
-    cmd = ["sbatch", "--wait", "--quiet", "--nodes=3", "--ntasks=6", "--ntasks-per-node=2", "--time=2",
-           f"--output={out}", f"--job-name={name}", str(TEMPLATE), str(tmp_path / "job.py")]
-    try:
-        done = subprocess.run(cmd, env=environ, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=150, check=False)
-        status = done.returncode
-    except subprocess.TimeoutExpired:
-        status = -1
-    finally:
-        subprocess.run(["scancel", "--full", f"--name={name}"], timeout=30, check=False)
-    return status, out.read_text(errors="replace") if out.exists() else ""
+    return sbatch_wait(["--nodes=3", "--ntasks=6", "--ntasks-per-node=2", "--time=2", str(TEMPLATE),
+                        str(tmp_path / "job.py")],
+                       name=f"boot-{uuid.uuid4().hex[:6]}", output=tmp_path / "job.out", env=environ, cwd=tmp_path)
 
 
 def test_a_rank_slow_to_reach_the_boot_is_not_declared_dead(tmp_path: Path) -> None:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from slurmlib import sbatch_wait
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slurm, pytest.mark.timeout(240)]
 
@@ -55,21 +55,10 @@ def _run(tmp_path: Path, **env: str) -> tuple[int, str]:
     if not os.environ.get("SLURM_CONF") or shutil.which("sbatch") is None:
         pytest.skip("needs a running Slurm: eval \"$(bash .ci/slurm-up.sh)\" as root")
     (tmp_path / "job.py").write_text(JOB)
-    out = tmp_path / "job.out"
     environ = {**os.environ, "VENV": str(Path(sys.executable).parent.parent), "SRUN_MPI": "pmix",
                "PYTHONPATH": str(ROOT), "MPIMESH_TEST_HOLD": str(HOLD), **env}
-    name = f"gil-{uuid.uuid4().hex[:6]}"
-    cmd = ["sbatch", "--wait", "--quiet", "--nodes=1", "--ntasks=4", "--time=2", f"--output={out}",
-           f"--job-name={name}", str(TEMPLATE), str(tmp_path / "job.py")]
-    try:
-        done = subprocess.run(cmd, env=environ, cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=150, check=False)
-        status = done.returncode
-    except subprocess.TimeoutExpired:
-        status = -1
-    finally:
-        subprocess.run(["scancel", "--full", f"--name={name}"], timeout=30, check=False)
-    return status, out.read_text(errors="replace") if out.exists() else ""
+    return sbatch_wait(["--nodes=1", "--ntasks=4", "--time=2", str(TEMPLATE), str(tmp_path / "job.py")],
+                       name=f"gil-{uuid.uuid4().hex[:6]}", output=tmp_path / "job.out", env=environ, cwd=tmp_path)
 
 
 def test_a_controller_holding_the_gil_is_not_declared_dead(tmp_path: Path) -> None:

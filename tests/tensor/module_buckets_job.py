@@ -8,7 +8,8 @@ import copy
 
 import torch
 import torch.distributed as dist
-from torch import nn, optim
+from shared_job_train import loss_difference, train_sgd, weight_difference
+from torch import nn
 
 import mpimesh
 from mpimesh import Actor, endpoint
@@ -35,19 +36,8 @@ def check(mesh: Mesh) -> None:
                   for h in p._post_accumulate_grad_hooks.values()}
         print("buckets", name, [[len(b) for b in o.buckets] for o in owners.values()])
     print("backend", sorted(set(mesh.spawn("probe", Probe).backend.call().get(120).values())))
-    runs = [(m, optim.SGD(m.parameters(), lr=0.1, momentum=0.9)) for m in (many, one, reference)]
-    losses: list[list[float]] = [[], [], []]
-    for x, y in batches:
-        for (model, opt), out in zip(runs, losses, strict=True):
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            out.append(loss.item())
-    states = [m.state_dict() for m in (many, one, reference)]
-    between = max((states[0][k] - states[1][k]).abs().max().item() for k in states[2])
-    print(f"buckets: loss difference {max(abs(a - b) for a, b in zip(losses[0], losses[1], strict=True)):.2e} "
-          f"weight difference {between:.2e}")
-    drift = max((states[0][k] - v).abs().max().item() for k, v in states[2].items())
-    print(f"one process: loss difference {max(abs(a - b) for a, b in zip(losses[0], losses[2], strict=True)):.2e} "
-          f"weight difference {drift:.2e}")
+    many_losses, one_losses, reference_losses = train_sgd([many, one, reference], batches)
+    print(f"buckets: loss difference {loss_difference(many_losses, one_losses):.2e} "
+          f"weight difference {weight_difference(many, one):.2e}")
+    print(f"one process: loss difference {loss_difference(many_losses, reference_losses):.2e} "
+          f"weight difference {weight_difference(many, reference):.2e}")

@@ -8,7 +8,8 @@ shows a gradient off by a constant factor.  Prints the largest loss and weight d
 import copy
 
 import torch
-from torch import nn, optim
+from shared_job_train import loss_difference, train_sgd, weight_difference
+from torch import nn
 
 import mpimesh
 from mpimesh.distributed import Mesh
@@ -29,19 +30,9 @@ def train(grid: Mesh) -> None:
     batches = [(torch.randn(8, 8), torch.randn(8, 4)) for _ in range(20)]
     for label, plan in (("dp x tp", {"0": "colwise", "2": "rowwise"}), ("dp", None)):
         mesh = grid if plan is not None else Mesh(shape=(2,), mesh_dim_names=("dp",))
-        models = (mpimesh.module_to_mesh(copy.deepcopy(reference), mesh, plan=plan), copy.deepcopy(reference))
-        runs = [(m, optim.SGD(m.parameters(), lr=0.1, momentum=0.9)) for m in models]
-        losses: list[list[float]] = [[], []]
-        for x, y in batches:
-            for (model, opt), out in zip(runs, losses, strict=True):
-                opt.zero_grad()
-                loss = nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                out.append(loss.item())
-        states = [m.state_dict() for m in models]
-        drift = max((states[0][k] - v).abs().max().item() for k, v in states[1].items())
-        print(f"{label}: loss difference {max(abs(a - b) for a, b in zip(*losses, strict=True)):.2e} "
-              f"weight difference {drift:.2e} last loss {losses[1][-1]:.4f}")
+        models = [mpimesh.module_to_mesh(copy.deepcopy(reference), mesh, plan=plan), copy.deepcopy(reference)]
+        losses = train_sgd(models, batches)
+        print(f"{label}: loss difference {loss_difference(*losses):.2e} "
+              f"weight difference {weight_difference(*models):.2e} last loss {losses[1][-1]:.4f}")
         if mesh is not grid:
             mesh.stop().get()
