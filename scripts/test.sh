@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: set up (first run only), then
-#   0. lint: ruff on everything, mypy --strict on mpimesh/,
-#   1. pure and subprocess tests under plain pytest (examples, entry point, launcher), then a
-#      plain pip install into fresh venvs (tests/launch/test_pip_install.py),
+#   0. lint: ruff on everything,
+#   1. the loose group, four runs side by side: mypy --strict on mpimesh/, the examples
+#      (tests/examples), a plain pip install into fresh venvs (tests/launch/test_pip_install.py)
+#      and the MPICH venv's bootstrap; then the other pure and subprocess tests under plain
+#      pytest (entry point, launcher, the fault matrix), alone,
 #   2. runtime tests under the real entry point, `mpiexec -n N python -m mpimesh -m pytest`,
 #      for N = 1 (workers spawned), 2 and 4, then 4 with every cast down a tree, on the PyPI
 #      Open MPI 5 and on MPICH 5,
@@ -21,14 +23,17 @@ bash scripts/bootstrap.sh
 # Every pytest run writes a JUnit report here; the last line sums them up.
 # MPIMESH_TEST_REPORTS=DIR (an empty one: every report in it is summed) keeps them in DIR (per-test and per-module times, to
 # find where CI's time goes); otherwise they go with the run.
-# What the run leaves to clean up at its end, however it ends: a temporary report folder, a bootstrap
-# still running in the background (see the pip-install step).
+# What the run leaves to clean up at its end, however it ends: a temporary report folder, runs of the
+# loose group still going (each under `timeout`, which passes the signal on to its process group) and
+# their logs.
 tmp_reports=
-mpich_boot=
-mpich_log=$(mktemp)
+loose_pids=()
+loose_names=()
+loose_logs=()
 cleanup() {
-  if [ -n "$mpich_boot" ]; then kill "$mpich_boot" 2> /dev/null || true; fi
-  rm -f "$mpich_log"
+  local pid
+  for pid in "${loose_pids[@]}"; do kill "$pid" 2> /dev/null || true; done
+  rm -f "${loose_logs[@]}"
   if [ -n "$tmp_reports" ]; then rm -rf "$tmp_reports"; fi
 }
 trap cleanup EXIT
@@ -47,11 +52,44 @@ next_report() { run_no=$((run_no + 1)); report="--junitxml=$reports/run$run_no.x
 # writes REPORT.done), the proof that pytest went to its end: an MPI launcher can end
 # a job early and still exit 0 (prterun, losing a daemon), and an interrupted pytest
 # writes a report of the tests done so far.
+# check_report [N]: run N's (default: the last run's).
 check_report() {
-  [ -s "$reports/run$run_no.xml" ] || { echo "error: test run $run_no left no report: it ended before pytest did"; exit 1; }
-  local status
-  status=$(cat "$reports/run$run_no.xml.done" 2> /dev/null || echo none)
-  [ "$status" = 0 ] || { echo "error: test run $run_no did not end as a whole (pytest's status: $status)"; exit 1; }
+  local no=${1:-$run_no} status
+  [ -s "$reports/run$no.xml" ] || { echo "error: test run $no left no report: it ended before pytest did"; exit 1; }
+  status=$(cat "$reports/run$no.xml.done" 2> /dev/null || echo none)
+  [ "$status" = 0 ] || { echo "error: test run $no did not end as a whole (pytest's status: $status)"; exit 1; }
+}
+
+# The loose group: runs whose bounds are loose (minutes, no timing checked to the second) go side by
+# side, each bounded, its output kept in a log of its own and printed when it ends.  Tests with tight
+# bounds (the fault matrix's seconds) never run beside anything: the group ends before they begin.
+# loose NAME COMMAND...: start COMMAND (bounded by its caller) in the background.
+loose() {
+  local name=$1 log
+  shift
+  log=$(mktemp)
+  "$@" > "$log" 2>&1 &
+  loose_pids+=("$!")
+  loose_names+=("$name")
+  loose_logs+=("$log")
+}
+# loose_wait: wait for the whole group, printing each run's output as it ends; the first that fails
+# stops the others and the script (stop at the first failure).
+loose_wait() {
+  local i status left=${#loose_pids[@]}
+  while [ "$left" -gt 0 ]; do
+    for i in "${!loose_pids[@]}"; do
+      [ -n "${loose_pids[$i]}" ] && ! kill -0 "${loose_pids[$i]}" 2> /dev/null || continue
+      status=0
+      wait "${loose_pids[$i]}" || status=$?
+      loose_pids[i]=
+      left=$((left - 1))
+      step "${loose_names[$i]}: ended with status $status"
+      cat "${loose_logs[$i]}"
+      [ "$status" = 0 ] || { echo "error: ${loose_names[$i]} failed (status $status)"; exit 1; }
+    done
+    [ "$left" = 0 ] || sleep 1
+  done
 }
 
 mpi_runs() {
@@ -78,39 +116,40 @@ mpi_runs() {
   check_report
 }
 
-step "lint: ruff, mypy --strict"
+step "lint: ruff"
 .venv/bin/ruff check --no-cache .
-.venv/bin/mypy --cache-dir=/dev/null
+
+# Side by side (the loose group, see loose()): one after the other these took 28 + 216 + 128 s of
+# CI's 2 cores, but none keeps both busy: the examples use about 1.2 cores (257 CPU-s; their jobs
+# wait on one another), pip about 0.9 (118 CPU-s), mypy one.  The examples' bounds are minutes for
+# runs of 2-35 s (tests/examples).  A plain `pip install` into fresh venvs (checkout, sdist, wheel:
+# issue #17) is 2-6 minutes of pip and builds, bounded on its own; a test of its own may run past
+# faulthandler's 120 s (its fixtures build the sdist and the wheel).  The MPICH venv's bootstrap (on a
+# fresh checkout 70-75 s of pip) is pip work beside pip work; the MPICH runs below need it.
+group="mypy --strict, the examples, pip install into fresh venvs"
+[ "${MPIMESH_TEST_MPICH:-1}" != 0 ] && group+=", the MPICH venv's bootstrap"
+step "the loose group, side by side: $group"
+loose "mypy --strict" timeout 600 .venv/bin/mypy --cache-dir=/dev/null
+next_report
+examples_no=$run_no
+loose "the examples (tests/examples)" timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" \
+  tests/examples
+next_report
+pip_no=$run_no
+loose "pip install into fresh venvs (tests/launch/test_pip_install.py)" timeout 1500 .venv/bin/python -m pytest \
+  -m "not mesh" -q --color=no "$report" -o faulthandler_timeout=0 tests/launch/test_pip_install.py
+if [ "${MPIMESH_TEST_MPICH:-1}" != 0 ]; then
+  loose "the MPICH venv's bootstrap" env VENV=.venv-mpich MPIMESH_MPI=mpich timeout 1500 bash scripts/bootstrap.sh
+fi
+loose_wait
+check_report "$examples_no"
+check_report "$pip_no"
 
 step "pure and subprocess tests"
 next_report
 timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" \
-  --ignore=tests/launch/test_pip_install.py tests
+  --ignore=tests/launch/test_pip_install.py --ignore=tests/examples tests
 check_report
-
-# A plain `pip install` into fresh venvs (checkout, sdist, wheel: issue #17):
-# 3-6 minutes of pip and builds, bounded on its own; a test of its own may run
-# past faulthandler's 120 s (its fixtures build the sdist and the wheel).
-# The MPICH venv's bootstrap runs beside this step, in the background: pip work beside pip work, under
-# bounds of minutes (on a fresh checkout it is 70-75 s of the 45-minute run); it is waited for before the
-# next step, so it never runs beside a test with a tight bound.  Its output comes after the step's.
-if [ "${MPIMESH_TEST_MPICH:-1}" != 0 ]; then
-  VENV=.venv-mpich MPIMESH_MPI=mpich bash scripts/bootstrap.sh > "$mpich_log" 2>&1 &
-  mpich_boot=$!
-fi
-step "pip install into fresh venvs"
-next_report
-timeout 1500 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" -o faulthandler_timeout=0 \
-  tests/launch/test_pip_install.py
-check_report
-if [ -n "$mpich_boot" ]; then
-  step "the MPICH venv's bootstrap (begun with the pip-install step)"
-  boot_status=0
-  wait "$mpich_boot" || boot_status=$?
-  mpich_boot=
-  cat "$mpich_log"
-  [ "$boot_status" = 0 ] || { echo "error: the MPICH venv's bootstrap failed (status $boot_status)"; exit 1; }
-fi
 
 mpi_runs .venv "Open MPI 5"
 
@@ -127,7 +166,7 @@ if [ "${MPIMESH_TEST_MULTIHOST:-1}" != 0 ]; then
 fi
 
 if [ "${MPIMESH_TEST_MPICH:-1}" != 0 ]; then
-  mpi_runs .venv-mpich "MPICH 5"  # its venv: bootstrapped beside the pip-install step
+  mpi_runs .venv-mpich "MPICH 5"  # its venv: bootstrapped in the loose group
 fi
 
 if [ "${MPIMESH_TEST_SLURM:-${CI:-0}}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" != 0 ]; then

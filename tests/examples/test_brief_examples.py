@@ -7,7 +7,8 @@ import re
 import pytest
 from mpitest import ROOT, mpiexec_cmd, python_cmd, run
 
-pytestmark = pytest.mark.subprocess
+#: Above every run's own bound (at most 300 s): see tests/examples/test_examples.py.
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(360)]
 
 
 def test_brief_sharded_matmul() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from mpitest import ROOT, mpiexec_cmd, python_cmd, run
 
-pytestmark = pytest.mark.subprocess
+#: Above the run's own bound (120 s): see tests/examples/test_examples.py.
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(180)]
 
 SCRIPT = str(ROOT / "examples" / "rl_weight_sync.py")
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from mpitest import ROOT, mpiexec_cmd, python_cmd, run
 
-pytestmark = pytest.mark.subprocess
+#: pytest-timeout's bound is above every run's own (at most 300 s): a run that overruns is ended by
+#: mpitest.run, which kills its session and reports its output, not left running by pytest-timeout.
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(360)]
 
 
 @pytest.mark.parametrize("launch", ["mpirun5", "spawned"])

@@ -52,6 +52,9 @@ DETECT_BOUND = 2.0
 POOL_SIGKILL_BOUND = 1.0
 #: A later call to a known-dead process fails before anything is sent.
 AT_ONCE = 0.5
+#: How long a hang cell waits for its stuck call, and for the call queued behind it: 10 such waits per
+#: hang job, so short (the wait ends in a TimeoutError whatever its length).
+HANG_WAIT = 0.2
 #: Rank 0 of a mesh ``gpus=1``, as Monarch prints a point
 ONE = r"\{'gpus': 0/1\}"
 
@@ -262,6 +265,7 @@ def failures_row(hook, name, since, timeout):
 MATRIX = PREAMBLE + r'''
 CRASHES = ("exit0", "exit1", "sigkill", "sigsegv")
 fault = sys.argv[1]
+hang_wait = float(sys.argv[2])
 hook = mpimesh.unhandled_fault_hook = Hook()
 
 
@@ -271,7 +275,7 @@ def cell(adverb):
     pid = mesh.pid.call_one().get(30)
     row = {"adverb": adverb, "pid": pid, "host": HOST}
     ep = mesh.fault
-    wait = 0.5 if fault == "hang" else 10.0
+    wait = hang_wait if fault == "hang" else 10.0
     futures = []
 
     def send_and_wait():
@@ -289,7 +293,7 @@ def cell(adverb):
         row.update(again_type=again["type"], again_done=futures[0].done())
     fails = fault in CRASHES or (adverb == "broadcast" and fault in ("exception", "unpicklable_exception"))
     row.update(failures_row(hook, adverb, since, 10.0 if fails else 0.0))
-    later = outcome(lambda: mesh.pid.call_one().get(0.5 if fault == "hang" else 10.0))
+    later = outcome(lambda: mesh.pid.call_one().get(hang_wait if fault == "hang" else 10.0))
     row.update({"later_" + k: v for k, v in later.items()})
     if fault in CRASHES:
         again = outcome(lambda: mesh.pid.broadcast())
@@ -337,7 +341,7 @@ def matrix_job(fault: str, launch: str, tmp_path_factory: pytest.TempPathFactory
     if key not in _matrix_jobs:
         path = tmp_path_factory.mktemp(f"{fault}-{launch}") / "faults.py"
         path.write_text(MATRIX)
-        _matrix_jobs[key] = launch_matrix(job_cmd(launch, path, fault))
+        _matrix_jobs[key] = launch_matrix(job_cmd(launch, path, fault, str(HANG_WAIT)))
     return _matrix_jobs[key]
 
 
@@ -452,14 +456,14 @@ def check_cell(fault: str, launch: str, adverb: str, row: dict[str, Any]) -> Non
         else:
             what = "stream.fault.stream()[0]" if adverb == "stream" else f"{adverb}.fault.{adverb}()"
             assert row["type"] == "TimeoutError", row
-            assert row["message"] == (f"<mpimesh.Future {what} pending> not done after 0.5 s; call get() again "
-                                      "to keep waiting, or raise the timeout"), row
-            assert 0.5 <= row["seconds"] < DETECT_BOUND, row
+            assert row["message"] == (f"<mpimesh.Future {what} pending> not done after {HANG_WAIT:g} s; call get() "
+                                      "again to keep waiting, or raise the timeout"), row
+            assert HANG_WAIT <= row["seconds"] < DETECT_BOUND, row
             assert (row["again_type"], row["again_done"]) == ("TimeoutError", False), row
         # The actor is busy: the next call waits behind the stuck one.
         assert row["later_type"] == "TimeoutError", row
-        assert row["later_message"] == (f"<mpimesh.Future {adverb}.pid.call_one() pending> not done after 0.5 s; "
-                                        "call get() again to keep waiting, or raise the timeout"), row
+        assert row["later_message"] == (f"<mpimesh.Future {adverb}.pid.call_one() pending> not done after "
+                                        f"{HANG_WAIT:g} s; call get() again to keep waiting, or raise the timeout"), row
         assert failures == [], row
         return
     # controller_exception, ctrl_c: the call was pending when the script ended (see test_job)
