@@ -18,7 +18,7 @@ from typing import Protocol
 
 import mpi4py
 
-from .._launch import boot_beat, survival
+from .._launch import boot_beat, pmix_hold, survival
 from . import ulfm_beat
 
 
@@ -105,6 +105,11 @@ mpi4py.rc.thread_level = "multiple"
 mpi4py.rc.errors = "exception"
 
 from mpi4py import MPI  # noqa: E402
+
+if (survival.slurm_pmix_direct(os.environ) and os.environ.get("MPIMESH_MPI_DEFAULTS", "1") not in ("0", "false", "no")
+        and os.environ.get("MPIMESH_PMIX_HOLD", "1") not in ("0", "false", "no")):
+    # A killed task's PMIx socket, closed, makes Slurm cancel the step 1 s later (_launch/pmix_hold.py).
+    pmix_hold.start(os.environ)
 
 if boot_beat.wanted():
     # ULFM's heartbeats must flow until the boot polls (_launch/boot_beat.py); the boot stops it.
