@@ -106,10 +106,25 @@ mpi4py.rc.errors = "exception"
 
 from mpi4py import MPI  # noqa: E402
 
-if (survival.slurm_pmix_direct(os.environ) and os.environ.get("MPIMESH_MPI_DEFAULTS", "1") not in ("0", "false", "no")
-        and os.environ.get("MPIMESH_PMIX_HOLD", "1") not in ("0", "false", "no")):
-    # A killed task's PMIx socket, closed, makes Slurm cancel the step 1 s later (_launch/pmix_hold.py).
-    pmix_hold.start(os.environ)
+
+def _hold_pmix_socket() -> None:
+    """Under Slurm's PMIx direct launch, keep this task's PMIx socket open past its death (issue #28).
+
+    A killed task's socket, closed, makes Slurm cancel the whole step 1 s
+    later (``_launch/pmix_hold.py``).  ``MPIMESH_PMIX_HOLD=0`` (or
+    ``MPIMESH_MPI_DEFAULTS=0``) turns it off; task 0 says so when it cannot.
+    """
+    off = ("0", "false", "no")
+    if (not survival.slurm_pmix_direct(os.environ) or os.environ.get("MPIMESH_MPI_DEFAULTS", "1") in off
+            or os.environ.get("MPIMESH_PMIX_HOLD", "1") in off):
+        return
+    why = pmix_hold.start(os.environ)
+    if why and os.environ.get("SLURM_PROCID") == "0":
+        print(f"mpimesh: warning: {why}: Slurm will cancel this step about 1 s after any task dies",
+              file=sys.stderr, flush=True)
+
+
+_hold_pmix_socket()
 
 if boot_beat.wanted():
     # ULFM's heartbeats must flow until the boot polls (_launch/boot_beat.py); the boot stops it.
