@@ -116,7 +116,7 @@ def _hold_pmix_socket() -> None:
     """
     off = ("0", "false", "no")
     if (not survival.slurm_pmix_direct(os.environ) or os.environ.get("MPIMESH_MPI_DEFAULTS", "1") in off
-            or os.environ.get("MPIMESH_PMIX_HOLD", "1") in off):
+            or os.environ.get("MPIMESH_PMIX_HOLD", "1") in off or not MPI.Is_initialized()):
         return
     why = pmix_hold.start(os.environ)
     if why and os.environ.get("SLURM_PROCID") == "0":
@@ -126,7 +126,7 @@ def _hold_pmix_socket() -> None:
 
 _hold_pmix_socket()
 
-if boot_beat.wanted():
+if boot_beat.wanted() and MPI.Is_initialized():  # an MPI_Iprobe before MPI_Init aborts the process
     # ULFM's heartbeats must flow until the boot polls (_launch/boot_beat.py); the boot stops it.
     boot_beat.start(lambda: MPI.COMM_SELF.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))
 
