@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._transport import live
 from ..config import settings
 from ..errors import ActorError, SupervisionError
 from ..future import Future
@@ -36,7 +37,7 @@ from .ports import Gather
 if TYPE_CHECKING:
     from .failures import Owned
 
-__all__ = ["Healed", "Recipe", "heal"]
+__all__ = ["Healed", "Recipe", "heal", "shrink_world"]
 
 Addr = tuple[int, int]
 
@@ -115,9 +116,34 @@ def heal(key: Any, ranks: list[int], addrs: tuple[Addr, ...], hosts: tuple[str, 
         for ref in list(owned.handles):
             ref.repoint(owned.addrs)
     rt.failures.healing.difference_update(moved.values())
+    shrink_world(rt)
     journal.event("heal", f"replaced {len(lost)} dead process(es): " + ", ".join(
         f"{a[0]}.{a[1]} -> {b[0]}.{b[1]}" for a, b in moved.items()), key=key)
     return Healed(lost, tuple(new_addrs), tuple(new_hosts))
+
+
+def shrink_world(rt: Any) -> None:
+    """Where ``MPI_Comm_create_from_group`` is unsupported, shrink the world to its live processes, all of them.
+
+    After a death the tensor engine and the torch world make communicators
+    on that shrunk world instead (``_transport.live``: Slurm's PMIx has no
+    group construct).  The shrink is collective over every live process of
+    the controller's MPI world: each gets a ``SHRINK`` frame, sent before
+    this process stops its wire for its own part.  Only the controller
+    knows them all: elsewhere (a heal from an actor) nothing is done.
+    """
+    if rt.addr != protocol.CONTROLLER or live.from_group_supported():
+        return
+    dead = rt.dead
+    peers = [addr for addr in rt.role.live_addrs() if addr[0] == rt.addr[0] and addr not in dead]
+    live.announce()
+    for addr in peers:
+        rt.router.send(addr, protocol.shrink())
+    rt.router.wire.flush()
+    started = time.monotonic()
+    live.shrink()
+    journal.event("world", f"the world shrunk to its live processes ({len(peers) + 1}) in "
+                  f"{time.monotonic() - started:.3f} s")
 
 
 def _undo(rt: Any, placed: list[Addr]) -> None:

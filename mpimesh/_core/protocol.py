@@ -92,6 +92,7 @@ class Kind:
     NAMED_ACTOR: Final = 27
     RELEASE: Final = 28
     UNREACHABLE: Final = 29
+    SHRINK: Final = 30
 
 
 class Status:
@@ -396,6 +397,18 @@ def watch(peers: list[tuple[Addr, int]]) -> Frame:
     another host one worker does it for the others (``_roles.hostwatch``).
     """
     return (Kind.WATCH, None, peers)
+
+
+_declare(Kind.SHRINK, "SHRINK", "", "_roles.worker.Worker.on_shrink")
+
+
+def shrink() -> Frame:
+    """Controller -> every live worker of its world: shrink ``MPI_COMM_WORLD`` to its live processes, with me.
+
+    Sent after a heal or a shrink where ``MPI_Comm_create_from_group`` is
+    unsupported (``_transport.live``).
+    """
+    return (Kind.SHRINK, None)
 
 
 _declare(Kind.EXITED, "EXITED", "addr cause", "_roles.controller.Controller.on_exited")

@@ -24,6 +24,7 @@ from ..config import settings
 from ..shape import Shape
 from . import current as _current
 from . import journal
+from .heal import shrink_world
 from .logs import warn
 from .owners import Kind
 
@@ -123,6 +124,7 @@ def shrink(key: Any, shape: Shape, addrs: tuple[Addr, ...], hosts: tuple[str, ..
             follow(mesh.payload, dead)
     # The dead processes are given up: the role stops counting them as held (its stop skips the dead).
     rt.role.release([addrs[r] for r in sorted(lost)], "given up by ProcMesh.shrink()")
+    shrink_world(rt)  # for the survivors' communicators where they cannot be made from the group alone
     new_shape = Shape.row_major(p.labels, p.sizes)
     journal.event("shrink", f"{what} shrunk to {new_shape} ({len(lost)} dead process(es) given up)", key=key)
     return Shrunk(rt.new_id(), new_shape, tuple(addrs[r] for r in p.survivors),

@@ -24,7 +24,8 @@ Addr = tuple[int, int]
 
 #: The kinds whose handler is the role's; every other kind is the runtime's.
 ROLE_KINDS = (Kind.INIT, Kind.HELLO, Kind.SHUTDOWN, Kind.BYE, Kind.FORWARD, Kind.ALLOCATE, Kind.JOB_HOSTS,
-              Kind.NAMED_ACTOR, Kind.RELEASE, Kind.PING, Kind.LOG, Kind.WATCH, Kind.EXITED)
+              Kind.NAMED_ACTOR, Kind.RELEASE, Kind.PING, Kind.LOG, Kind.WATCH, Kind.EXITED,
+              Kind.SHRINK)
 
 
 class BaseRole:

@@ -25,7 +25,7 @@ from .._core.logs import Forwarder, go_local, install_forwarders, warn
 from .._core.ports import OneReply
 from .._core.protocol import CONTROLLER, Frame, Kind, PortRef
 from .._core.runtime import Runtime, extend_sys_path
-from .._transport import ulfm_beat
+from .._transport import live, ulfm_beat
 from .._transport.buffers import warm
 from .._transport.frames import TAG_FRAME
 from .._transport.mpi import MPI, library
@@ -145,7 +145,7 @@ class Worker(BaseRole):
     def __init__(self, runtime: Runtime, *, spawned: bool = False) -> None:
         super().__init__(
             runtime, {Kind.INIT: self.on_init, Kind.SHUTDOWN: self.on_shutdown, Kind.PING: self.on_ping,
-                      Kind.WATCH: self.on_watch}
+                      Kind.WATCH: self.on_watch, Kind.SHRINK: self.on_shrink}
         )
         self.spawned = spawned
         #: a spawned worker has heard the controller's INIT
@@ -192,6 +192,22 @@ class Worker(BaseRole):
         if self.host_watch is None:
             self.host_watch = HostWatch(self.rt)
         self.host_watch.add(frame[2])
+
+    def on_shrink(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """SHRINK: shrink the world to its live processes with every other one, off the wire's thread.
+
+        Announced here, before any later frame is dispatched: a communicator
+        the engine makes after the heal waits for the shrink
+        (``_transport.live``).
+        """
+        live.announce()
+        threading.Thread(target=self._shrink, name="mpimesh-shrink", daemon=True).start()
+
+    def _shrink(self) -> None:
+        try:
+            live.shrink()
+        except MPI.Exception as exc:
+            warn(f"could not shrink the world to its live processes: {exc}", self.rt.addr)
 
     def on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """PING: echo the controller's heartbeat (quietly: a heartbeat wakes nobody)."""

@@ -21,7 +21,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol, cast
 
+from .._transport import live
 from .._transport.mpi import MPI, alone, dynamic
+from ..config import settings
 from ..context import context
 
 __all__ = ["Liveness", "World", "backend_choice", "forget", "island_comm", "join", "join_islands", "remember",
@@ -118,9 +120,12 @@ def island_comm(addrs: list[Addr] | tuple[Addr, ...], island: int, tag: str = ""
     group = world.Get_group().Incl([r for i, r in addrs if i == island])
     try:
         with alone():
-            if tag:
-                return MPI.Intracomm.Create_from_group(group, f"{tag}:{island}")
-            return world.Create_group(group, tag=group_tag)
+            if not tag:
+                return world.Create_group(group, tag=group_tag)
+            comm = live.create_from_group(group, f"{tag}:{island}")
+        if comm is None:  # no group construct here (srun --mpi=pmix): on the world shrunk to the live
+            comm = live.create_group(group, group_tag, settings.spawn_timeout)
+        return comm
     finally:
         group.Free()
 

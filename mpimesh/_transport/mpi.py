@@ -18,7 +18,7 @@ from typing import Protocol
 
 import mpi4py
 
-from .._launch import boot_beat, survival
+from .._launch import boot_beat, pmix_hold, survival
 from . import ulfm_beat
 
 
@@ -106,7 +106,27 @@ mpi4py.rc.errors = "exception"
 
 from mpi4py import MPI  # noqa: E402
 
-if boot_beat.wanted():
+
+def _hold_pmix_socket() -> None:
+    """Under Slurm's PMIx direct launch, keep this task's PMIx socket open past its death (issue #28).
+
+    A killed task's socket, closed, makes Slurm cancel the whole step 1 s
+    later (``_launch/pmix_hold.py``).  ``MPIMESH_PMIX_HOLD=0`` (or
+    ``MPIMESH_MPI_DEFAULTS=0``) turns it off; task 0 says so when it cannot.
+    """
+    off = ("0", "false", "no")
+    if (not survival.slurm_pmix_direct(os.environ) or os.environ.get("MPIMESH_MPI_DEFAULTS", "1") in off
+            or os.environ.get("MPIMESH_PMIX_HOLD", "1") in off or not MPI.Is_initialized()):
+        return
+    why = pmix_hold.start(os.environ)
+    if why and os.environ.get("SLURM_PROCID") == "0":
+        print(f"mpimesh: warning: {why}: Slurm will cancel this step about 1 s after any task dies",
+              file=sys.stderr, flush=True)
+
+
+_hold_pmix_socket()
+
+if boot_beat.wanted() and MPI.Is_initialized():  # an MPI_Iprobe before MPI_Init aborts the process
     # ULFM's heartbeats must flow until the boot polls (_launch/boot_beat.py); the boot stops it.
     boot_beat.start(lambda: MPI.COMM_SELF.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG))
 

@@ -29,6 +29,9 @@ __all__ = ["Joined", "check_lost", "failure", "replicated_dims"]
 
 #: Seconds a failed fetch waits for the controller to hear of the death its workers saw first.
 _DEATH_NEWS_S = 2.0
+#: What a collective's failure says when a member may have died: the backend's own word, or MPI's error
+#: (under srun MPI often fails the collective first: a scatter's ``MPI_ERR_IN_STATUS``, 1 run in 4).
+_DEATH_HINTS = ("died", "MPI_ERR_PROC_FAILED", "MPI_ERR_IN_STATUS", "MPI_ERR_REVOKED")
 
 
 class Joined:
@@ -98,7 +101,8 @@ def failure(procs: ProcMesh, what: str, exc: RemoteTensorError) -> Exception:
     the script gets the same error as for a fetch from a dead process, with
     the fix.  Any other failure is ``exc`` itself.
     """
-    deadline = time.monotonic() + (_DEATH_NEWS_S if "died" in str(exc) else 0.0)
+    text = str(exc)
+    deadline = time.monotonic() + (_DEATH_NEWS_S if any(hint in text for hint in _DEATH_HINTS) else 0.0)
     while True:
         dead = procs.dead()
         if dead or time.monotonic() >= deadline:

@@ -99,6 +99,7 @@ TENSOR_BELOW = {
 #: itself, with the runtime's lock around dynamic-process calls), on CUDA memory where MPI is CUDA-aware.
 TORCHMPI_BELOW = {
     ("mpimesh._torchmpi._world", "mpimesh._transport.mpi"),
+    ("mpimesh._torchmpi._world", "mpimesh._transport.live"),
     ("mpimesh._torchmpi._work", "mpimesh._transport.mpi"),
     ("mpimesh._torchmpi._backend", "mpimesh._transport.mpi"),
     ("mpimesh._torchmpi._backend", "mpimesh._data.buffers"),
