@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: set up (first run only), then
 #   0. lint: ruff on everything,
-#   1. the loose group, four runs side by side: mypy --strict on mpimesh/, the examples
-#      (tests/examples), a plain pip install into fresh venvs (tests/launch/test_pip_install.py)
+#   1. the loose group, runs side by side: mypy --strict on mpimesh/, the examples
+#      (tests/examples, as two runs), a plain pip install into fresh venvs
+#      (tests/launch/test_pip_install.py), the subprocess tests with loose bounds (loose_tests)
 #      and the MPICH venv's bootstrap; then the other pure and subprocess tests under plain
 #      pytest (entry point, launcher, the fault matrix), alone,
 #   2. runtime tests under the real entry point, `mpiexec -n N python -m mpimesh -m pytest`,
@@ -122,33 +123,46 @@ step "lint: ruff"
 # Side by side (the loose group, see loose()): one after the other these took 28 + 216 + 128 s of
 # CI's 2 cores, but none keeps both busy: the examples use about 1.2 cores (257 CPU-s; their jobs
 # wait on one another), pip about 0.9 (118 CPU-s), mypy one.  The examples' bounds are minutes for
-# runs of 2-35 s (tests/examples).  A plain `pip install` into fresh venvs (checkout, sdist, wheel:
+# runs of 2-35 s (tests/examples); they go as two runs, so that the longest run of the group is not
+# all of them one after the other.  A plain `pip install` into fresh venvs (checkout, sdist, wheel:
 # issue #17) is 2-6 minutes of pip and builds, bounded on its own; a test of its own may run past
 # faulthandler's 120 s (its fixtures build the sdist and the wheel).  The MPICH venv's bootstrap (on a
 # fresh checkout 70-75 s of pip) is pip work beside pip work; the MPICH runs below need it.
-group="mypy --strict, the examples, pip install into fresh venvs"
+# loose_tests: subprocess tests of the pure step whose bounds are minutes (150-300 s) for jobs of
+# 15-40 s that wait on a death being found; they run here, not in the pure step.
+loose_tests=(tests/tensor/test_engine_heal.py tests/tensor/test_global_heal.py
+             tests/roles/test_example_train_survives.py)
+group="mypy --strict, the examples, pip install into fresh venvs, the loose subprocess tests"
 [ "${MPIMESH_TEST_MPICH:-1}" != 0 ] && group+=", the MPICH venv's bootstrap"
 step "the loose group, side by side: $group"
 loose "mypy --strict" timeout 600 .venv/bin/mypy --cache-dir=/dev/null
+group_reports=()
 next_report
-examples_no=$run_no
-loose "the examples (tests/examples)" timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" \
-  tests/examples
+group_reports+=("$run_no")
+loose "the examples (tests/examples: test_examples.py, test_example_rl.py)" timeout 1200 .venv/bin/python -m pytest \
+  -m "not mesh" -q --color=no "$report" tests/examples/test_examples.py tests/examples/test_example_rl.py
 next_report
-pip_no=$run_no
+group_reports+=("$run_no")
+loose "the examples (tests/examples: the others)" timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no \
+  "$report" --ignore=tests/examples/test_examples.py --ignore=tests/examples/test_example_rl.py tests/examples
+next_report
+group_reports+=("$run_no")
 loose "pip install into fresh venvs (tests/launch/test_pip_install.py)" timeout 1500 .venv/bin/python -m pytest \
   -m "not mesh" -q --color=no "$report" -o faulthandler_timeout=0 tests/launch/test_pip_install.py
+next_report
+group_reports+=("$run_no")
+loose "the loose subprocess tests (${loose_tests[*]})" timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q \
+  --color=no "$report" "${loose_tests[@]}"
 if [ "${MPIMESH_TEST_MPICH:-1}" != 0 ]; then
   loose "the MPICH venv's bootstrap" env VENV=.venv-mpich MPIMESH_MPI=mpich timeout 1500 bash scripts/bootstrap.sh
 fi
 loose_wait
-check_report "$examples_no"
-check_report "$pip_no"
+for no in "${group_reports[@]}"; do check_report "$no"; done
 
 step "pure and subprocess tests"
 next_report
 timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" \
-  --ignore=tests/launch/test_pip_install.py --ignore=tests/examples tests
+  --ignore=tests/launch/test_pip_install.py --ignore=tests/examples "${loose_tests[@]/#/--ignore=}" tests
 check_report
 
 mpi_runs .venv "Open MPI 5"

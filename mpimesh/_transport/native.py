@@ -34,7 +34,6 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +167,9 @@ def rebuild_command() -> str:
            f"{shlex.quote(sys.executable)} -m pip install --no-deps --force-reinstall")
     if (checkout / "setup.py").is_file() and (checkout / "native").is_dir():
         return f"{pip} -e {shlex.quote(str(checkout))}"  # run from a checkout (editable or on sys.path)
+    # Imported here: importlib.metadata (and the email package under it) is ~50 ms of every process's start.
+    from importlib import metadata
+
     try:
         direct = json.loads(metadata.distribution("mpimesh").read_text("direct_url.json") or "null")
     except (metadata.PackageNotFoundError, ValueError):
