@@ -382,8 +382,14 @@ def finish(code: int, dead: bool) -> int:
     # Finalize, which is no hang (FINALIZE_BOUND).
     if dead and not mpich:
         os._exit(code)
+    try:
+        ulfm_beat.stop()  # its thread's last MPI call returns first: none may run beside or after MPI_Finalize
+    except TimeoutError as exc:
+        # MPI's progress is stuck, and the thread may call MPI any time: no
+        # Finalize (undefined beside it), as after a death; the job learns it from the status.
+        warn(f"{exc}; exiting with status {code or 1} without MPI_Finalize")
+        os._exit(code or 1)
     faulthandler.dump_traceback_later(FINALIZE_BOUND, exit=True)
-    ulfm_beat.stop()  # its thread's last MPI call returns first: none may run beside or after MPI_Finalize
     MPI.Finalize()
     # MPI_Finalize, the call known to spin, is done: what is left is the
     # interpreter's own exit, which with torch loaded takes 3-9 s on a loaded
