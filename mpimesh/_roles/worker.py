@@ -205,8 +205,8 @@ class Worker(BaseRole):
 
     def _shrink(self) -> None:
         try:
-            live.shrink()
-        except MPI.Exception as exc:
+            live.shrink(settings.spawn_timeout)  # the controller's bound: it reports a frozen process
+        except (MPI.Exception, TimeoutError) as exc:
             warn(f"could not shrink the world to its live processes: {exc}", self.rt.addr)
 
     def on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
