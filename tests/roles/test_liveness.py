@@ -350,7 +350,11 @@ class W(Actor):
         elif kind == "hung":
             ctypes.PyDLL(None).usleep(int(30e6))  # the GIL held, no CPU used: hung in C
         beat = current.runtime.role.heartbeat
-        return {"held": time.monotonic() - start, "heartbeats": beat.sent, "native": beat.native_sent}
+        ulfm = 0  # ULFM's C beat threads (native/ulfm_beat.c), running where its detector is on
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                ulfm += comm.read().strip() == "mpimesh-ulfm"
+        return {"held": time.monotonic() - start, "heartbeats": beat.sent, "native": beat.native_sent, "ulfm": ulfm}
 
 
 def emit(**row):
@@ -404,6 +408,9 @@ def loaded_job(kind: str, tmp_path: Path) -> mpitest.Job:
     env: dict[str, str | None] = dict(ENV)
     if kind == "gil":
         env["MPIMESH_WIRE"] = "mpi4py"  # no native heartbeat: the controller's /proc verdict alone saves it
+    if kind in ("gil", "gil_remote"):
+        # ULFM's detector on, as under srun: the spawned worker holding the GIL runs ULFM's C beat too
+        env.update(OMPI_MCA_mpi_ft_enable="true", OMPI_MCA_mpi_ft_detector="true")
     job = mpitest.run_job(python_cmd("-m", "mpimesh", str(path), kind), timeout=100, env=env)
     assert not job.hung and job.returncode == 0, job.describe()
     assert job.after_end is not None and job.after_end < EXIT_BOUND, job.describe()
@@ -420,7 +427,9 @@ def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
     ``gil``: without the native part (``MPIMESH_WIRE=mpi4py``), the
     controller's ``/proc`` verdict keeps it alive; ``gil_remote``: the
     controller judges the worker as one on another host (no ``/proc``), and
-    the worker's native heartbeat keeps it alive."""
+    the worker's native heartbeat keeps it alive.  Both with ULFM's
+    detector on: the spawned worker runs ULFM's C beat thread as a pool
+    worker does, under ``MPIMESH_WIRE=mpi4py`` too."""
     if kind == "gil_remote":
         needs_native_beat()
     job = loaded_job(kind, tmp_path)
@@ -436,8 +445,10 @@ def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
         assert rows["later"]["deaf"] > JOB_TIMEOUT, job.describe()  # the controller's poll sat in the receive
     elif kind == "gil":
         assert value["held"] > 2 * JOB_TIMEOUT and load["busy"] >= 1 and value["native"] == 0, job.describe()
+        assert value["ulfm"] == 1, job.describe()  # the native part, not its wire
     elif kind == "gil_remote":
         assert value["held"] > 2 * JOB_TIMEOUT and value["native"] >= 2 and load["busy"] == 0, job.describe()
+        assert value["ulfm"] == 1, job.describe()
     elif kind == "mpi_lock":
         assert value["held"] > 2 * JOB_TIMEOUT and value["heartbeats"] >= 2, job.describe()
     else:
