@@ -23,6 +23,7 @@ from typing import Any
 import mpitest
 import pytest
 from mpitest import EXIT_BOUND, python_cmd
+from test_faults import needs_ulfm
 
 from mpimesh._core.protocol import Frame
 from mpimesh._roles.liveness import HOST_ANSWER, Liveness, progress
@@ -529,3 +530,40 @@ def test_native_heartbeat_misuse() -> None:
             _native.beat_start(MPI.COMM_SELF.handle, 0, BEAT_TAG, b"alive", 10.0, 1e9)
     finally:
         assert _native.beat_stop() == 0
+
+
+
+# ---------------------------------------------------------------------------
+# the controller's exit, bounded as the workers' MPI_Finalize is
+
+SLOW_EXIT = r"""
+import atexit, time
+from mpimesh import Actor, endpoint, this_host
+
+class A(Actor):
+    @endpoint
+    def hi(self) -> int:
+        return 1
+
+mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("a", A)
+print("calls:", mesh.hi.call().get(30).values(), flush=True)
+atexit.register(time.sleep, 30)  # the controller's exit outlasts the workers' wait in MPI_Finalize
+"""
+
+
+@pytest.mark.subprocess
+def test_a_controller_exit_that_outlasts_the_workers_finalize_ends(tmp_path: Path) -> None:
+    """The workers give up MPI_Finalize at their bound; the controller, whose Finalize would then spin for ever
+    (the job hung until killed), says so at the same bound and ends at 1.5 times it (about 5 s)."""
+    needs_ulfm()
+    script = tmp_path / "slow_exit.py"
+    script.write_text(SLOW_EXIT)
+    mpimesh_run = str(Path(sys.executable).parent / "mpimesh")
+    done = mpitest.run([mpimesh_run, "run", "-n", "2", str(script)], timeout=60, env={"MPIMESH_FINALIZE_BOUND": "2"})
+    assert "calls: [1]" in done.stdout, (done.stdout, done.stderr)
+    assert ("mpimesh: the controller's exit (the script's atexit handlers, the interpreter's teardown) has taken "
+            "2 s: the workers stop waiting for it in MPI_Finalize now, and MPI_Finalize here would not return; "
+            "this process ends 1 s from now with status 1") in done.stderr, (done.stdout, done.stderr)
+    # the launcher's status stays the script's (handed over at the end of the job, _roles/job_status.py)
+    assert done.returncode == 0 and done.seconds < 30 and not done.orphans, (done.returncode, done.seconds,
+                                                                             done.stdout, done.stderr)
