@@ -30,7 +30,11 @@ shrunk here.
 
 ``MPIMESH_FROM_GROUP=0`` makes this process take the construct as
 unsupported, as under ``srun --mpi=pmix``: the tests run the shrink under a
-plain ``mpiexec`` with it.  Every process of the job must see the same value.
+plain ``mpiexec`` with it.  Every process of the job must see the same value,
+and all of them must be of one launch (a pool, as under srun, where nothing
+is spawned): the controller shrinks its own world only, and a spawned
+island's communicators after a death then wait for a shrink that never comes
+(``create_group``'s error).
 """
 
 from __future__ import annotations
