@@ -129,19 +129,26 @@ def cuda_run_time(libpath: str, /) -> tuple[int, str]:
         (1 yes, 0 no, -1 no query function, -2 library not loaded; the name of the function used).
     """
 
-def ulfm_beat_start(libpath: str, self_handle: int, period: float, calls: int, /) -> None:
+def ulfm_beat_start(libpath: str, self_handle: int, period: float, calls: int, exit_bound: float = 30.0,
+                    /) -> None:
     """Start the thread that makes ``calls`` ``MPI_Iprobe`` on ``MPI_COMM_SELF`` every ``period`` s, without the GIL.
 
     ULFM's heartbeats while Python holds the GIL (see native/ulfm_beat.c); it ends at the
-    interpreter's exit, right before mpi4py's ``MPI_Finalize``.
+    interpreter's exit, right before mpi4py's ``MPI_Finalize``.  If its polls under way do not
+    end within ``exit_bound`` seconds then, the process leaves at once with status 1 and a
+    line on stderr, without ``MPI_Finalize``.
 
     Raises:
         OSError: the libmpi at ``libpath`` is not loaded, or lacks ``MPI_Iprobe``.
         RuntimeError: the thread runs already.
     """
 
-def ulfm_beat_stop() -> int:
-    """Stop that thread, if it runs; returns the wakes on which it polled."""
+def ulfm_beat_stop(bound: float = 30.0, /) -> int:
+    """Stop that thread, if it runs; returns the wakes on which it polled.
+
+    Raises:
+        TimeoutError: its polls did not end within ``bound`` seconds (an ``MPI_Iprobe`` stuck); it still runs.
+    """
 
 def ulfm_beat_hold(bound: float, /) -> None:
     """No MPI call from that thread until :func:`ulfm_beat_release` (nestable); waits for its polls to end.

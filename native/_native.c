@@ -56,10 +56,11 @@ static PyMethodDef methods[] = {
      "beat_stop() -> int\n\nStop the heartbeat thread (GIL released while it ends); the heartbeats it sent."},
     {"beat_sent", mpimesh_beat_sent, METH_NOARGS, "beat_sent() -> int\n\nHeartbeats sent so far."},
     {"ulfm_beat_start", mpimesh_ulfm_beat_start, METH_VARARGS,
-     "ulfm_beat_start(libpath, self_handle, period, calls) -> None\n\nStart the thread that makes calls\n"
-     "MPI_Iprobe on MPI_COMM_SELF every period seconds (no GIL): ULFM's heartbeats."},
-    {"ulfm_beat_stop", mpimesh_ulfm_beat_stop, METH_NOARGS,
-     "ulfm_beat_stop() -> int\n\nStop that thread (GIL released while it ends); the wakes on which it polled."},
+     "ulfm_beat_start(libpath, self_handle, period, calls[, exit_bound]) -> None\n\nStart the thread that makes\n"
+     "calls MPI_Iprobe on MPI_COMM_SELF every period seconds (no GIL): ULFM's heartbeats."},
+    {"ulfm_beat_stop", mpimesh_ulfm_beat_stop, METH_VARARGS,
+     "ulfm_beat_stop([bound]) -> int\n\nStop that thread (GIL released while it ends); the wakes on which it polled;\n"
+     "TimeoutError, the thread still running, when its polls do not end within bound seconds."},
     {"ulfm_beat_hold", mpimesh_ulfm_beat_hold, METH_VARARGS,
      "ulfm_beat_hold(bound) -> None\n\nNo MPI call from that thread until ulfm_beat_release() (nestable);\n"
      "TimeoutError, not held, when its polls do not end within bound seconds."},

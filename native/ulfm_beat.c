@@ -11,10 +11,11 @@
  * them, once in 8 calls of opal_progress), as mpimesh/_launch/boot_beat.py
  * does through the boot.
  *
- *   ulfm_beat_start(libpath, self_handle, period, calls)  start the thread (one per process)
+ *   ulfm_beat_start(libpath, self_handle, period, calls[, exit_bound])  start the thread (one per process)
  *   ulfm_beat_hold(bound) / ulfm_beat_release()  no MPI call from it in between (nestable);
  *       hold() raises TimeoutError, not held, when the thread's polls do not end within bound seconds
- *   ulfm_beat_stop() -> int  stop it (the interpreter's exit does too); the wakes on which it polled
+ *   ulfm_beat_stop([bound]) -> int  stop it (the interpreter's exit does too); the wakes on which it polled;
+ *       raises TimeoutError, the thread still running, when its polls do not end within bound seconds
  *
  * Open MPI waits for ever in a communicator's activation when another thread
  * polls meanwhile: mpimesh/_transport/mpi.alone() holds the thread as it
@@ -28,7 +29,13 @@
  * between the two, seconds without an MPI call where it frees much.  An
  * MPI_COMM_SELF attribute's delete callback came too late: Open MPI marks
  * Finalize as started before it deletes them, and aborts on an MPI_Iprobe
- * in between.
+ * in between.  That stop is bounded too (exit_bound, 30 s from Python): an
+ * MPI_Iprobe that never returns would otherwise hang the exit, and an
+ * MPI_Finalize beside a thread still in MPI is undefined, so the process
+ * then leaves at once with status 1 and a line on stderr, without Finalize
+ * (as mpimesh leaves after a death).  A stop waits for the polls under way
+ * as hold() does, on `lock`: once it holds it, the thread naps and ends at
+ * once.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -41,6 +48,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int (*iprobe_fn)(int, int, MPI_Comm, int *, MPI_Status *);
 
@@ -54,6 +62,7 @@ static iprobe_fn p_iprobe;
 static MPI_Comm self_comm;
 static long wakes;
 static int at_exit_set;
+static double exit_bound = 30.0; /* seconds the stop at the interpreter's exit waits */
 
 static void *ulfm_beat_main(void *arg) {
     int i, flag;
@@ -71,29 +80,46 @@ static void *ulfm_beat_main(void *arg) {
     return NULL;
 }
 
-/* End the thread if it runs (no GIL needed). */
-static void halt(void) {
+/* End the thread if it runs, waiting at most `bound` seconds for its polls under way (no GIL needed).
+ * Returns 0, or ETIMEDOUT (the thread still runs, in an MPI_Iprobe) or another error of the wait. */
+static int halt(double bound) {
+    struct timespec until;
+    int rc = 0;
     pthread_mutex_lock(&life);
     if (running) {
-        pthread_mutex_lock(&lock);
-        stopping = 1;
-        pthread_cond_signal(&wake);
-        pthread_mutex_unlock(&lock);
-        pthread_join(thread, NULL);
-        running = 0;
+        mpimesh_deadline(&until, bound);
+        rc = pthread_mutex_timedlock(&lock, &until);
+        if (rc == 0) {
+            stopping = 1;
+            pthread_cond_signal(&wake);
+            pthread_mutex_unlock(&lock);
+            pthread_join(thread, NULL); /* it naps: it sees stopping and returns */
+            running = 0;
+        }
     }
     pthread_mutex_unlock(&life);
+    return rc;
+}
+
+/* Py_AtExit, right before mpi4py's MPI_Finalize: a thread stuck in MPI must not run beside it. */
+static void halt_at_exit(void) {
+    if (halt(exit_bound) != 0) {
+        fprintf(stderr, "mpimesh: the ULFM beat thread's MPI_Iprobe has not returned within %g s at exit "
+                "(MPI's progress is stuck); exiting with status 1 without MPI_Finalize\n", exit_bound);
+        fflush(stderr);
+        _exit(1);
+    }
 }
 
 PyObject *mpimesh_ulfm_beat_start(PyObject *self, PyObject *args) {
     const char *path;
     PyObject *handle;
     size_t h;
-    double p;
+    double p, bound = 30.0;
     int c, rc;
     void *lib;
     (void)self;
-    if (!PyArg_ParseTuple(args, "sOdi:ulfm_beat_start", &path, &handle, &p, &c)) return NULL;
+    if (!PyArg_ParseTuple(args, "sOdi|d:ulfm_beat_start", &path, &handle, &p, &c, &bound)) return NULL;
     h = PyLong_AsSize_t(handle);
     if (h == (size_t)-1 && PyErr_Occurred()) return NULL;
     if (!(p > 0.0) || c < 1) {
@@ -117,7 +143,7 @@ PyObject *mpimesh_ulfm_beat_start(PyObject *self, PyObject *args) {
     if (p_iprobe == NULL) return PyErr_Format(PyExc_OSError, "ulfm_beat_start: %s lacks MPI_Iprobe", path);
     self_comm = (MPI_Comm)(intptr_t)h;
     if (!at_exit_set) {
-        if (Py_AtExit(halt) < 0) {
+        if (Py_AtExit(halt_at_exit) < 0) {
             PyErr_SetString(PyExc_RuntimeError, "ulfm_beat_start: no room left in Py_AtExit");
             return NULL;
         }
@@ -125,6 +151,7 @@ PyObject *mpimesh_ulfm_beat_start(PyObject *self, PyObject *args) {
     }
     period = p;
     calls = c;
+    exit_bound = bound;
     pthread_mutex_lock(&life);
     wakes = 0;
     stopping = 0;
@@ -137,12 +164,23 @@ PyObject *mpimesh_ulfm_beat_start(PyObject *self, PyObject *args) {
 }
 
 PyObject *mpimesh_ulfm_beat_stop(PyObject *self, PyObject *args) {
+    double bound = 30.0;
     long n;
+    int rc;
     (void)self;
-    (void)args;
+    if (!PyArg_ParseTuple(args, "|d:ulfm_beat_stop", &bound)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    halt();
+    rc = halt(bound);
     Py_END_ALLOW_THREADS
+    if (rc == ETIMEDOUT) {
+        /* the caller must not finalize MPI now: the thread may still be in MPI */
+        char text[192];
+        snprintf(text, sizeof text, "ulfm_beat_stop: the thread's MPI_Iprobe has not returned within %g s "
+                 "(MPI's progress is stuck); the thread still runs", bound); /* PyErr_Format has no %g */
+        PyErr_SetString(PyExc_TimeoutError, text);
+        return NULL;
+    }
+    if (rc != 0) return PyErr_Format(PyExc_OSError, "ulfm_beat_stop: pthread_mutex_timedlock failed (error %d)", rc);
     pthread_mutex_lock(&lock);
     n = wakes;
     pthread_mutex_unlock(&lock);

@@ -131,6 +131,12 @@ def shrink_world(rt: Any) -> None:
     the controller's MPI world: each gets a ``SHRINK`` frame, sent before
     this process stops its wire for its own part.  Only the controller
     knows them all: elsewhere (a heal from an actor) nothing is done.
+
+    Raises:
+        TimeoutError: a live process neither joined the shrink nor died
+            within ``MPIMESH_SPAWN_TIMEOUT`` (frozen); the error names the
+            processes it waited for.
+        mpi4py.MPI.Exception: the shrink failed.
     """
     if rt.addr != protocol.CONTROLLER or live.from_group_supported():
         return
@@ -141,7 +147,7 @@ def shrink_world(rt: Any) -> None:
         rt.router.send(addr, protocol.shrink())
     rt.router.wire.flush()
     started = time.monotonic()
-    live.shrink()
+    live.shrink(settings.spawn_timeout, [rt.addr, *peers])
     journal.event("world", f"the world shrunk to its live processes ({len(peers) + 1}) in "
                   f"{time.monotonic() - started:.3f} s")
 

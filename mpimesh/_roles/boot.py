@@ -30,7 +30,7 @@ from .._launch import boot_beat
 from .._transport import native, ulfm_beat
 from .._transport.buffers import warm
 from .._transport.frames import CONTROLLER
-from .._transport.mpi import MPI, loaded_libmpi
+from .._transport.mpi import MPI, library, loaded_libmpi
 from ..config import settings
 from ..errors import MeshInternalError
 from .controller import Controller
@@ -55,6 +55,24 @@ def _join_island(rt: Runtime, world: MPI.Intracomm, island: int) -> MPI.Intracom
     return comm
 
 
+def _start_ulfm_beat() -> None:
+    """ULFM's heartbeats from a C thread from now on, also while Python holds the GIL (``_transport/ulfm_beat.py``).
+
+    It runs where ULFM's detector does (:func:`.boot_beat.wanted`), in every
+    kind of process: a script, or an actor, may hold the GIL for seconds.
+    It needs the native part built for the loaded MPI (the thread passes
+    its ``MPI_Comm``), not its wire: under ``MPIMESH_WIRE=mpi4py`` too.
+    """
+    if not native.bind():
+        try:
+            from .. import _native
+        except ImportError:  # no native part: the Python pollers alone feed the detector
+            return
+        if not native.same_mpi(_native.built_with(), library()):
+            return
+    ulfm_beat.start(loaded_libmpi(), MPI.COMM_SELF.handle)
+
+
 def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controller:
     """Start the controller on rank 0 of ``world``; collective with :func:`boot_pool`.
 
@@ -66,9 +84,7 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controll
     rt = Runtime(CONTROLLER)
     native.announce()  # once per job: the controller is rank 0, or the singleton
     comm = _join_island(rt, world, 0)
-    if native.bind():  # its MPI types fit the loaded MPI
-        # ULFM's heartbeats from now on, also while the script holds the GIL (_transport/ulfm_beat.py).
-        ulfm_beat.start(loaded_libmpi(), MPI.COMM_SELF.handle)
+    _start_ulfm_beat()
     infos = comm.allgather((rt.host, rt.pid))
     comm.bcast(list(sys.path), root=0)
     controller = Controller(rt, [((0, r), host, pid) for r, (host, pid) in enumerate(infos) if r > 0])
@@ -112,9 +128,7 @@ def boot_pool(world: MPI.Intracomm) -> Worker:
     rt = Runtime((0, world.Get_rank()))
     worker = Worker(rt)
     comm = _join_island(rt, world, 0)
-    if native.bind():
-        # ULFM's heartbeats while an actor holds the GIL, as on the controller (_transport/ulfm_beat.py)
-        ulfm_beat.start(loaded_libmpi(), MPI.COMM_SELF.handle)
+    _start_ulfm_beat()
     rt.router.set_relay(0)
     infos = comm.allgather((rt.host, rt.pid))
     rt.controller_host, rt.controller_pid = infos[0]
@@ -141,6 +155,7 @@ def boot_spawned(island: int) -> Worker:
     rt = Runtime((island, world.Get_rank()))
     worker = Worker(rt, spawned=True)
     _join_island(rt, world, island)
+    _start_ulfm_beat()
     rt.router.add_parent(parent)
     _current.install(rt)
     if not rt.wait(lambda: worker.initialized, rt.cond, settings.spawn_timeout):

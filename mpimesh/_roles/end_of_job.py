@@ -15,6 +15,7 @@ job aborted: no step waits forever.
 from __future__ import annotations
 
 import enum
+import faulthandler
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ from .islands import Islands
 from .job_status import set_job_exit_status
 from .pool import Pool
 from .procs import Procs
+from .worker import FINALIZE_BOUND
 
 __all__ = ["EndOfJob", "Stage"]
 
@@ -184,6 +186,7 @@ class EndOfJob:
             if not self._at_exit:
                 _run_atexit()
             os._exit(own)
+        _bound_exit()
         return own
 
     def at_exit(self) -> None:
@@ -286,6 +289,25 @@ class EndOfJob:
 
     def __repr__(self) -> str:
         return f"EndOfJob({self.stage.name})"
+
+
+def _bound_exit() -> None:
+    """Bound what is left of this process's life: the script's atexit handlers, the teardown, ``MPI_Finalize``.
+
+    The workers wait for this process in ``MPI_Finalize`` for
+    ``FINALIZE_BOUND`` seconds, then leave without it; Open MPI's
+    ``MPI_Finalize`` here then spins for ever (measured: an atexit handler
+    of 33 s hung the job until it was killed).  A warning says so at the
+    bound, and faulthandler's watchdog (a C thread: ``MPI_Finalize`` holds
+    the GIL) ends this process at 1.5 times it, with status 1.
+    """
+    faulthandler.dump_traceback_later(1.5 * FINALIZE_BOUND, exit=True)
+    text = (f"the controller's exit (the script's atexit handlers, the interpreter's teardown) has taken "
+            f"{FINALIZE_BOUND:g} s: the workers stop waiting for it in MPI_Finalize now, and MPI_Finalize here "
+            f"would not return; this process ends {0.5 * FINALIZE_BOUND:g} s from now with status 1")
+    timer = threading.Timer(FINALIZE_BOUND, warn, args=(text,))
+    timer.daemon = True
+    timer.start()
 
 
 def _run_atexit() -> None:

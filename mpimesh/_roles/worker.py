@@ -205,8 +205,8 @@ class Worker(BaseRole):
 
     def _shrink(self) -> None:
         try:
-            live.shrink()
-        except MPI.Exception as exc:
+            live.shrink(settings.spawn_timeout)  # the controller's bound: it reports a frozen process
+        except (MPI.Exception, TimeoutError) as exc:
             warn(f"could not shrink the world to its live processes: {exc}", self.rt.addr)
 
     def on_ping(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
@@ -357,8 +357,10 @@ class Worker(BaseRole):
 #: returns when the slowest process of the job reaches it, and the controller
 #: gets there only after its own interpreter teardown (3-9 s with torch loaded
 #: on a loaded 2-core machine).  8 s ended a worker with status 1 after a clean
-#: run (tests/launch/test_pip_install.py, 1 CI rehearsal in 4).
-FINALIZE_BOUND = 30.0
+#: run (tests/launch/test_pip_install.py, 1 CI rehearsal in 4).  The
+#: controller bounds its own exit by it too (``EndOfJob.leave``);
+#: ``MPIMESH_FINALIZE_BOUND`` sets it for tests.
+FINALIZE_BOUND = float(os.environ.get("MPIMESH_FINALIZE_BOUND", "30"))
 
 #: Seconds a worker's interpreter may take to exit once MPI_Finalize returned.
 EXIT_AFTER_FINALIZE = 30.0
@@ -382,8 +384,14 @@ def finish(code: int, dead: bool) -> int:
     # Finalize, which is no hang (FINALIZE_BOUND).
     if dead and not mpich:
         os._exit(code)
+    try:
+        ulfm_beat.stop()  # its thread's last MPI call returns first: none may run beside or after MPI_Finalize
+    except TimeoutError as exc:
+        # MPI's progress is stuck, and the thread may call MPI any time: no
+        # Finalize (undefined beside it), as after a death; the job learns it from the status.
+        warn(f"{exc}; exiting with status {code or 1} without MPI_Finalize")
+        os._exit(code or 1)
     faulthandler.dump_traceback_later(FINALIZE_BOUND, exit=True)
-    ulfm_beat.stop()  # its thread's last MPI call returns first: none may run beside or after MPI_Finalize
     MPI.Finalize()
     # MPI_Finalize, the call known to spin, is done: what is left is the
     # interpreter's own exit, which with torch loaded takes 3-9 s on a loaded

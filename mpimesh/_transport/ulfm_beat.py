@@ -15,6 +15,13 @@ exit right before mpi4py's ``MPI_Finalize`` (a ``Py_AtExit`` function): an
 ``atexit`` stop came before the interpreter's teardown, seconds without an MPI
 call where it frees much, and the other ranks, in ``MPI_Finalize`` already,
 declared the controller dead.
+
+Every wait for the thread is bounded: an ``MPI_Iprobe`` that never returns
+(MPI's progress stuck) must not hang its caller.  :func:`held` raises
+``TimeoutError``; so does :func:`stop`, and the thread may then still be in
+MPI, so its caller must not call ``MPI_Finalize`` (``_roles.worker.finish``
+leaves without it); the stop at the interpreter's exit leaves with status 1
+and a line on stderr, before mpi4py's ``MPI_Finalize``.
 """
 
 from __future__ import annotations
@@ -26,12 +33,15 @@ from typing import Any
 
 from .._launch import boot_beat
 
-__all__ = ["HOLD_BOUND", "start", "stop", "held", "running"]
+__all__ = ["HOLD_BOUND", "STOP_BOUND", "start", "stop", "held", "running"]
 
 _native: Any = None  # mpimesh._native while the thread runs
 
 #: Seconds :func:`held` waits at most for the thread's polls under way (8 ``MPI_Iprobe``, microseconds each).
 HOLD_BOUND = 30.0
+
+#: Seconds :func:`stop` (and the stop at the interpreter's exit) waits at most for the thread's polls under way.
+STOP_BOUND = 30.0
 
 
 def start(libpath: str | None, self_handle: int, environ: Mapping[str, str] = os.environ) -> bool:
@@ -51,16 +61,30 @@ def start(libpath: str | None, self_handle: int, environ: Mapping[str, str] = os
         return False
     if not hasattr(native, "ulfm_beat_start"):
         return False
-    native.ulfm_beat_start(libpath, self_handle, boot_beat.PERIOD, boot_beat.CALLS)
+    native.ulfm_beat_start(libpath, self_handle, boot_beat.PERIOD, boot_beat.CALLS, STOP_BOUND)
     _native = native
     return True
 
 
-def stop() -> int:
-    """End the thread now and wait for its last MPI call; returns the wakes on which it polled (0: none ran)."""
+def stop(bound: float | None = None) -> int:
+    """End the thread now and wait for its last MPI call; returns the wakes on which it polled (0: none ran).
+
+    Args:
+        bound: seconds to wait at most for the thread's polls under way (default :data:`STOP_BOUND`).
+
+    Raises:
+        TimeoutError: the thread's ``MPI_Iprobe`` did not return within ``bound`` seconds: MPI's progress
+            is stuck, and the thread, still running, may call MPI any time (no ``MPI_Finalize`` then).
+    """
     global _native
     native, _native = _native, None
-    return 0 if native is None else int(native.ulfm_beat_stop())
+    if native is None:
+        return 0
+    try:
+        return int(native.ulfm_beat_stop(STOP_BOUND if bound is None else bound))
+    except TimeoutError:
+        _native = native  # it still runs: a later stop may end it
+        raise
 
 
 def running() -> bool:

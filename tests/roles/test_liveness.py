@@ -23,6 +23,7 @@ from typing import Any
 import mpitest
 import pytest
 from mpitest import EXIT_BOUND, python_cmd
+from test_faults import needs_ulfm
 
 from mpimesh._core.protocol import Frame
 from mpimesh._roles.liveness import HOST_ANSWER, Liveness, progress
@@ -350,7 +351,11 @@ class W(Actor):
         elif kind == "hung":
             ctypes.PyDLL(None).usleep(int(30e6))  # the GIL held, no CPU used: hung in C
         beat = current.runtime.role.heartbeat
-        return {"held": time.monotonic() - start, "heartbeats": beat.sent, "native": beat.native_sent}
+        ulfm = 0  # ULFM's C beat threads (native/ulfm_beat.c), running where its detector is on
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                ulfm += comm.read().strip() == "mpimesh-ulfm"
+        return {"held": time.monotonic() - start, "heartbeats": beat.sent, "native": beat.native_sent, "ulfm": ulfm}
 
 
 def emit(**row):
@@ -404,6 +409,9 @@ def loaded_job(kind: str, tmp_path: Path) -> mpitest.Job:
     env: dict[str, str | None] = dict(ENV)
     if kind == "gil":
         env["MPIMESH_WIRE"] = "mpi4py"  # no native heartbeat: the controller's /proc verdict alone saves it
+    if kind in ("gil", "gil_remote"):
+        # ULFM's detector on, as under srun: the spawned worker holding the GIL runs ULFM's C beat too
+        env.update(OMPI_MCA_mpi_ft_enable="true", OMPI_MCA_mpi_ft_detector="true")
     job = mpitest.run_job(python_cmd("-m", "mpimesh", str(path), kind), timeout=100, env=env)
     assert not job.hung and job.returncode == 0, job.describe()
     assert job.after_end is not None and job.after_end < EXIT_BOUND, job.describe()
@@ -420,7 +428,9 @@ def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
     ``gil``: without the native part (``MPIMESH_WIRE=mpi4py``), the
     controller's ``/proc`` verdict keeps it alive; ``gil_remote``: the
     controller judges the worker as one on another host (no ``/proc``), and
-    the worker's native heartbeat keeps it alive."""
+    the worker's native heartbeat keeps it alive.  Both with ULFM's
+    detector on: the spawned worker runs ULFM's C beat thread as a pool
+    worker does, under ``MPIMESH_WIRE=mpi4py`` too."""
     if kind == "gil_remote":
         needs_native_beat()
     job = loaded_job(kind, tmp_path)
@@ -436,8 +446,10 @@ def test_busy_worker_is_not_declared_dead(kind: str, tmp_path: Path) -> None:
         assert rows["later"]["deaf"] > JOB_TIMEOUT, job.describe()  # the controller's poll sat in the receive
     elif kind == "gil":
         assert value["held"] > 2 * JOB_TIMEOUT and load["busy"] >= 1 and value["native"] == 0, job.describe()
+        assert value["ulfm"] == 1, job.describe()  # the native part, not its wire
     elif kind == "gil_remote":
         assert value["held"] > 2 * JOB_TIMEOUT and value["native"] >= 2 and load["busy"] == 0, job.describe()
+        assert value["ulfm"] == 1, job.describe()
     elif kind == "mpi_lock":
         assert value["held"] > 2 * JOB_TIMEOUT and value["heartbeats"] >= 2, job.describe()
     else:
@@ -518,3 +530,40 @@ def test_native_heartbeat_misuse() -> None:
             _native.beat_start(MPI.COMM_SELF.handle, 0, BEAT_TAG, b"alive", 10.0, 1e9)
     finally:
         assert _native.beat_stop() == 0
+
+
+
+# ---------------------------------------------------------------------------
+# the controller's exit, bounded as the workers' MPI_Finalize is
+
+SLOW_EXIT = r"""
+import atexit, time
+from mpimesh import Actor, endpoint, this_host
+
+class A(Actor):
+    @endpoint
+    def hi(self) -> int:
+        return 1
+
+mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("a", A)
+print("calls:", mesh.hi.call().get(30).values(), flush=True)
+atexit.register(time.sleep, 30)  # the controller's exit outlasts the workers' wait in MPI_Finalize
+"""
+
+
+@pytest.mark.subprocess
+def test_a_controller_exit_that_outlasts_the_workers_finalize_ends(tmp_path: Path) -> None:
+    """The workers give up MPI_Finalize at their bound; the controller, whose Finalize would then spin for ever
+    (the job hung until killed), says so at the same bound and ends at 1.5 times it (about 5 s)."""
+    needs_ulfm()
+    script = tmp_path / "slow_exit.py"
+    script.write_text(SLOW_EXIT)
+    mpimesh_run = str(Path(sys.executable).parent / "mpimesh")
+    done = mpitest.run([mpimesh_run, "run", "-n", "2", str(script)], timeout=60, env={"MPIMESH_FINALIZE_BOUND": "2"})
+    assert "calls: [1]" in done.stdout, (done.stdout, done.stderr)
+    assert ("mpimesh: the controller's exit (the script's atexit handlers, the interpreter's teardown) has taken "
+            "2 s: the workers stop waiting for it in MPI_Finalize now, and MPI_Finalize here would not return; "
+            "this process ends 1 s from now with status 1") in done.stderr, (done.stdout, done.stderr)
+    # the launcher's status stays the script's (handed over at the end of the job, _roles/job_status.py)
+    assert done.returncode == 0 and done.seconds < 30 and not done.orphans, (done.returncode, done.seconds,
+                                                                             done.stdout, done.stderr)

@@ -6,6 +6,10 @@ and go on with fewer, from the launch pool (``mpimesh run``) and spawned
 (``python -m mpimesh`` as a singleton): the survivors keep their actors and
 state, the spawner's actor meshes follow with the new coordinates, a
 later death is reported in them, and the shrunk mesh can still heal.
+
+The pool job runs with ``MPIMESH_FROM_GROUP=0``: the world's ULFM shrink of
+the srun fallback (``_transport.live``) then runs under a plain ``mpiexec``.
+A bare two-rank job pins its bound: a rank that neither joins nor dies.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from mpitest import ROOT, python_cmd
+from mpitest import ROOT, mpiexec_cmd, python_cmd
+from mpitest import run as run_cmd
 from test_faults import assert_ended, job_cmd, needs_ulfm, run_job
 
 from mpimesh._core.shrink import Plan, plan
@@ -137,6 +142,8 @@ print("row where:", [w[:2] for w in g.where.call().get(60).values()], flush=True
 kill(g, hosts=0, gpus=1)
 wait_dead(row, 1)
 print("healed row:", repr(mpimesh.heal_mesh(row)), g.bump.call().get(60).values(), flush=True)
+from mpimesh._transport import live
+print("world shrunk:", bool(live._live), flush=True)
 row.stop().get(60)
 print("END", flush=True)
 '''
@@ -150,8 +157,11 @@ def test_shrink_goes_on_with_the_survivors(launch: str, tmp_path: Path) -> None:
     needs_ulfm()
     script = tmp_path / "shrink_job.py"
     script.write_text(SCRIPT)
-    job = run_job(job_cmd(launch, script, n=8), timeout=200)
+    # the pool job shrinks the world too, as under srun (every process sees the knob)
+    job = run_job(job_cmd(launch, script, n=8), timeout=200,
+                  env={"MPIMESH_FROM_GROUP": "0"} if launch == "pool" else None)
     out = job.stdout
+    assert f"world shrunk: {launch == 'pool'}" in out, job.describe()
     assert "untouched: True" in out, job.describe()
     assert "caught: SupervisionError" in out, job.describe()
     assert "shrunk: ProcMesh(rank=3) True True 3" in out, job.describe()
@@ -202,3 +212,46 @@ def test_the_brief_loop_example_shrinks(launch: str) -> None:
     assert "batch 3: totals [8.0, 8.0, 8.0]" in out, job.describe()
     assert "totals [18.0, 18.0, 18.0] OK" in out, job.describe()
     assert_ended(job, 0, pool_deaths=launch == "pool")
+
+
+FROZEN = r"""
+import sys, time
+from mpimesh._transport import live
+from mpimesh._transport.mpi import MPI
+
+rank = MPI.COMM_WORLD.Get_rank()
+live.announce()
+live.shrink(30.0)  # both join
+print(rank, "shrunk", live._live[0].Get_size(), flush=True)
+live.announce()
+if rank == 0:
+    start = time.monotonic()
+    try:
+        live.shrink(1.0, [(0, 0), (0, 1)])
+    except TimeoutError as exc:
+        print(rank, "after", round(time.monotonic() - start, 1), exc, flush=True)
+    live._late[0].join(30)  # rank 1 joins late: the shrink that outlived its bound ends, and is installed
+    print(rank, "late", not live._late[0].is_alive(), live._live[0].Get_size(), flush=True)
+else:
+    time.sleep(3.0)  # frozen, as far as MPI can tell
+    live.shrink(30.0)
+print(rank, "done", flush=True)
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(120)
+def test_the_world_shrink_gives_up_at_its_bound_when_a_process_neither_joins_nor_dies(tmp_path: Path) -> None:
+    """A rank that makes no MPI call: the other's shrink raises TimeoutError naming the processes and the knob."""
+    needs_ulfm()
+    script = tmp_path / "frozen.py"
+    script.write_text(FROZEN)
+    done = run_cmd(mpiexec_cmd(2, "--with-ft", "ulfm", sys.executable, str(script)), timeout=90)
+    out = done.stdout
+    assert done.returncode == 0 and not done.orphans, (out, done.stderr)
+    assert "0 shrunk 2" in out and "1 shrunk 2" in out, out
+    assert re.search(r"^0 after 1\.\d mpimesh: the world's shrink to its live processes \(ULFM's MPI_Comm_shrink, "
+                     r"made where MPI_Comm_create_from_group is unsupported\) did not end within 1 s "
+                     r"\(MPIMESH_SPAWN_TIMEOUT\): a live process among 0\.0, 0\.1 neither joined it nor died "
+                     r"\(frozen\?\)", out, re.M), out
+    assert "0 late True 2" in out and "0 done" in out and "1 done" in out, out
