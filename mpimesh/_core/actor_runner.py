@@ -60,6 +60,9 @@ class SyncRunner:
         self._handlers: Handlers = {}
         # the thread's id: it may fill its own mailbox while it polls
         self._tid: int | None = None
+        #: the actor as native call sites see it (a ``_native.Lane``, see
+        #: ``ActorHost.on_site_call``), or None; armed while the thread waits idle
+        self.lane: Any = None
 
     def put(self, item: Item) -> None:
         """Add ``item`` to the mailbox and wake the thread."""
@@ -70,6 +73,11 @@ class SyncRunner:
         with self.cond:
             self.mailbox.append(item)
             self.cond.notify()
+
+    @property
+    def tid(self) -> int | None:
+        """The thread's id (``threading.get_ident()``), once it has started."""
+        return self._tid
 
     def start(self, handlers: Handlers) -> None:
         """Start the thread, which hands each item to ``handlers[type(item)]``."""
@@ -85,7 +93,17 @@ class SyncRunner:
             handlers = self._handlers
             while True:
                 if not mailbox:
-                    wait(has_mail, self.cond)
+                    lane = self.lane
+                    if lane is None:
+                        wait(has_mail, self.cond)
+                    else:
+                        # Idle: the pump may run a call through a known
+                        # site on this thread meanwhile (native/site.c).
+                        lane.armed = True
+                        try:
+                            wait(has_mail, self.cond)
+                        finally:
+                            lane.armed = False
                 item = mailbox.popleft()
                 if not handlers[type(item)](item, None):
                     break

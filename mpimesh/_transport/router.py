@@ -305,6 +305,18 @@ class Router:
             frame = (frame[0], layout(buffers), *frame[2:])
         self.send_raw(dest, pickle.dumps(frame, protocol=5), buffers)
 
+    def direct_route(self, dest: Addr) -> tuple[dict[int, Link], Link] | None:
+        """The routes table and the link :meth:`send` takes to ``dest`` for a frame without buffers, or None.
+
+        None: ``dest`` is this process, a peer's or has no route.  For a
+        sender of its own (native/site.c), which checks before each frame
+        that the table still maps ``dest``'s island to that link.
+        """
+        link = self._routes.get(dest[0])
+        if link is None or dest == self.addr:
+            return None
+        return self._routes, link
+
     def link_of(self, dest: Addr) -> tuple[MPI.Comm, int] | None:
         """The communicator and rank that reach ``dest`` directly, or None (relayed, or no route).
 

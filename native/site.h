@@ -1,0 +1,15 @@
+/* site.h - the call sites the pump runs itself (site.c). */
+#ifndef MPIMESH_SITE_H
+#define MPIMESH_SITE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Run the SITE_CALL `frame` through the Site `site` (see site.c): 1 done,
+ * 0 declined (the ordinary handler takes it), -1 a Python exception is set. */
+int mpimesh_site_run(PyObject *site, PyObject *frame);
+
+/* The Lane and Site types, added to the module by PyInit__native. */
+int mpimesh_site_add(PyObject *module);
+
+#endif /* MPIMESH_SITE_H */
