@@ -103,9 +103,10 @@ class Site:
         fn, var, ctx: the bound endpoint, the context variable and the site's Context.
         cell: the actor's cell, whose ``calls`` and ``busy`` it keeps.
         method, index: the method's name and the message's index.
-        dest, island, rank: the caller's address, and its island and rank.
-        routes, link: the router's routes table, and the link it must map ``island`` to.
-        outs, sender, outbox: ``link``'s Out table, the Sender and the Outbox (its ``polls``).
+        dest, island, rank: the caller's address, its island, and its rank on the link the reply leaves on.
+        routes, routed, peers: the router's routes table, what it must map ``island`` to (the link,
+            or None for the parent link), and the router's peers, which must have none to ``dest``.
+        outs, sender, outbox: the link's Out table, the Sender and the Outbox (its ``polls``).
         dead: the processes known dead: their calls are left to the Python path.
         reply_kind, value_status: REPLY and VALUE.
         finish: ``finish(pid, result, exc)``: an exception, or a result not a scalar.
@@ -118,7 +119,8 @@ class Site:
 
     def __init__(
         self, *, lane: Lane, fn: Any, var: Any, ctx: Any, cell: Any, method: str, index: int,
-        dest: tuple[int, int], island: int, rank: int, routes: dict[int, Any], link: Any, outs: dict[int, Out],
+        dest: tuple[int, int], island: int, rank: int, routes: dict[int, Any], routed: Any, peers: dict[Any, Any],
+        outs: dict[int, Out],
         sender: Sender, outbox: Any, dead: dict[tuple[int, int], str], reply_kind: int, value_status: int,
         finish: Any, hold: Any, send_failed: Any,
     ) -> None: ...

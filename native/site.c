@@ -15,13 +15,15 @@
  *       its thread's id; `armed` is set by that thread (SyncRunner._main)
  *       only while it waits, idle, for mail;
  *   Site(lane, fn, var, ctx, cell, method, index, dest, island, rank,
- *        routes, link, outs, sender, outbox, dead, reply_kind, value_status,
- *        finish, hold, send_failed)
+ *        routes, routed, peers, outs, sender, outbox, dead, reply_kind,
+ *        value_status, finish, hold, send_failed)
  *       one call site: the bound endpoint, the context variable and the
  *       site's Context, the actor's cell (its `calls` and `busy`, which the
  *       dashboard reads), the method's name and the message's index, and
- *       the reply's way: the caller's address and its island and rank, the
- *       router's routes table and the link it maps the island to, that
+ *       the reply's way (Router.direct_route): the caller's address, its
+ *       island and its rank on the link the reply leaves on, the router's
+ *       routes table and what it must map the island to (that link, or None
+ *       for the parent link), the router's peers (none to the caller), the
  *       link's Out table, the Sender, the Outbox (its `polls`) and the
  *       runtime's dead processes.
  *
@@ -111,13 +113,13 @@ static PyTypeObject LaneType = {
 
 /* --- Site ----------------------------------------------------------------- */
 
-#define SITE_FIELDS 21
+#define SITE_FIELDS 22
 
 typedef struct {
     PyObject_HEAD
     /* in the constructor's order; `lane` is a Lane */
-    PyObject *lane, *fn, *var, *ctx, *cell, *method, *index, *dest, *island, *rank, *routes, *link, *outs, *sender,
-        *outbox, *dead, *reply_kind, *value_status, *finish, *hold, *send_failed;
+    PyObject *lane, *fn, *var, *ctx, *cell, *method, *index, *dest, *island, *rank, *routes, *routed, *peers, *outs,
+        *sender, *outbox, *dead, *reply_kind, *value_status, *finish, *hold, *send_failed;
     long long runs;
 } Site;
 
@@ -143,15 +145,16 @@ static void site_dealloc(Site *self) {
 
 static int site_init(Site *self, PyObject *args, PyObject *kwds) {
     static char *names[] = {"lane", "fn", "var", "ctx", "cell", "method", "index", "dest", "island", "rank",
-                            "routes", "link", "outs", "sender", "outbox", "dead", "reply_kind", "value_status",
+                            "routes", "routed", "peers", "outs", "sender", "outbox", "dead", "reply_kind",
+                            "value_status",
                             "finish", "hold", "send_failed", NULL};
     PyObject *got[SITE_FIELDS];
     PyObject **field = site_fields(self);
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOOOO!OO!OOO!OOOOO:Site", names, &LaneType, &got[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOOOO!OO!O!OOO!OOOOO:Site", names, &LaneType, &got[0],
                                      &got[1], &got[2], &got[3], &got[4], &got[5], &got[6], &got[7], &got[8],
-                                     &got[9], &PyDict_Type, &got[10], &got[11], &PyDict_Type, &got[12], &got[13],
-                                     &got[14], &PyDict_Type, &got[15], &got[16], &got[17], &got[18], &got[19],
-                                     &got[20]))
+                                     &got[9], &PyDict_Type, &got[10], &got[11], &PyDict_Type, &got[12],
+                                     &PyDict_Type, &got[13], &got[14], &got[15], &PyDict_Type, &got[16], &got[17],
+                                     &got[18], &got[19], &got[20], &got[21]))
         return -1;
     if (!PyContextVar_CheckExact(got[2])) {
         PyErr_SetString(PyExc_TypeError, "Site: var must be a contextvars.ContextVar");
@@ -303,9 +306,9 @@ static int run(Site *self, PyObject *out, PyObject *pid, PyObject *args) {
 int mpimesh_site_run(PyObject *obj, PyObject *frame) {
     Site *self = (Site *)obj;
     Lane *lane;
-    PyObject *pid, *args, *phase, *link, *out;
+    PyObject *pid, *args, *phase, *routed, *out;
     Py_ssize_t mail;
-    int dead, rc;
+    int dead, peer, rc;
     if (!Py_IS_TYPE(obj, &SiteType) || self->lane == NULL) return 0;
     lane = (Lane *)self->lane;
     if (!lane->armed || lane->tid != PyThread_get_thread_ident()) return 0;
@@ -322,8 +325,11 @@ int mpimesh_site_run(PyObject *obj, PyObject *frame) {
     if (phase != lane->running) return 0;
     dead = PyDict_Contains(self->dead, self->dest);
     if (dead != 0) return dead < 0 ? -1 : 0;
-    link = PyDict_GetItemWithError(self->routes, self->island);
-    if (link != self->link) return PyErr_Occurred() ? -1 : 0;
+    routed = PyDict_GetItemWithError(self->routes, self->island);
+    if (routed == NULL && PyErr_Occurred()) return -1;
+    if ((routed == NULL ? Py_None : routed) != self->routed) return 0; /* the router would go another way */
+    peer = PyDict_Contains(self->peers, self->dest);
+    if (peer != 0) return peer < 0 ? -1 : 0;
     out = PyDict_GetItemWithError(self->outs, self->rank);
     if (out == NULL) return PyErr_Occurred() ? -1 : 0;
     /* The endpoint may poll (a call of its own): its nested polls queue, as

@@ -139,8 +139,8 @@ class ActorHost:
 
         if runner.lane is None:
             runner.lane = _native.Lane(runner.mailbox, actor.lifecycle, Phase.RUNNING, runner.tid)
-        routes, link = route
-        island, rank = dest = site.caller
+        link, rank, routed, routes, peers = route
+        dest = site.caller
         way = router.wire.site_way(link, rank)  # type: ignore[attr-defined]  # the native wire's (serve_sites)
         way_failed = way.pop("send_failed")
         addr = self.runtime.addr
@@ -154,7 +154,7 @@ class ActorHost:
         self.native_sites = table = serve(Kind.SITE_CALL)
         table[number] = _native.Site(
             lane=runner.lane, fn=site.fn, var=_context_var, ctx=site.ctx, cell=actor, method=site.method,
-            index=site.point[0], dest=dest, island=island, rank=rank, routes=routes, link=link,
+            index=site.point[0], dest=dest, island=dest[0], rank=rank, routes=routes, routed=routed, peers=peers,
             dead=self.runtime.dead, reply_kind=Kind.REPLY, value_status=Status.VALUE,
             finish=partial(actor.invoker.site_done, site), send_failed=send_failed, **way,
         )
