@@ -80,7 +80,7 @@ class Pump:
         """
 
 class Lane:
-    """One sync actor as the native call sites see it (see native/site.c).
+    """One sync actor as the native call sites see it, and the one call the pump took for it (see native/site.c).
 
     Args:
         mailbox: its mailbox (a deque): a call is run only while it is empty.
@@ -94,9 +94,13 @@ class Lane:
     tid: int
 
     def __init__(self, mailbox: Any, lifecycle: Any, running: Any, tid: int) -> None: ...
+    def ready(self) -> bool:
+        """Whether the mailbox has mail or a call was taken: the actor's idle wait's ``done()``."""
+    def run(self) -> bool:
+        """Run the call taken, if any: in C, or through ``Site``'s ``slow``; whether there was one."""
 
 class Site:
-    """A call site whose SITE_CALLs the pump runs itself while its actor idles (see native/site.c).
+    """A call site whose SITE_CALLs the pump takes for its idle actor's thread to run in C (see native/site.c).
 
     Args:
         lane: the actor.
@@ -112,17 +116,18 @@ class Site:
         finish: ``finish(pid, result, exc)``: an exception, or a result not a scalar.
         hold: ``hold(data)``: a reply the sender holds for a batch.
         send_failed: ``send_failed(exc)``: ``Sender.post`` raised ``exc``.
+        slow: ``slow(pid, args)``: a call taken that the Python path must make (the actor
+            stopped or failed, the caller's way changed).
     """
 
-    #: calls run here (the others took the Python path)
+    #: calls run in C (the others took the Python path)
     runs: int
 
     def __init__(
         self, *, lane: Lane, fn: Any, var: Any, ctx: Any, cell: Any, method: str, index: int,
         dest: tuple[int, int], island: int, rank: int, routes: dict[int, Any], routed: Any, peers: dict[Any, Any],
-        outs: dict[int, Out],
-        sender: Sender, outbox: Any, dead: dict[tuple[int, int], str], reply_kind: int, value_status: int,
-        finish: Any, hold: Any, send_failed: Any,
+        outs: dict[int, Out], sender: Sender, outbox: Any, dead: dict[tuple[int, int], str], reply_kind: int,
+        value_status: int, finish: Any, hold: Any, send_failed: Any, slow: Any,
     ) -> None: ...
 
 class Out:

@@ -25,9 +25,9 @@
  *
  * A SITE_CALL frame (kind site_kind) whose call site is in `sites` (a dict
  * of site numbers to _native.Site, or None: set by NativeWire.serve_sites)
- * is first offered to its Site, which runs it in C when the actor's own
- * thread is polling, idle (native/site.c); if it declines, the handler gets
- * it as any frame.
+ * is first offered to its Site, which takes it for the actor's own thread
+ * to run in C when that thread is the one polling, idle (native/site.c); if
+ * it declines, the handler gets it as any frame.
  *
  * A handler that raises an Exception is reported as on_error(kind, source,
  * exception) and the next frame goes on; with on_error None it propagates.

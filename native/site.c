@@ -1,22 +1,27 @@
-/* site.c - a worker's calls through a known call site, run by the pump (issue 30, B1).
+/* site.c - a worker's calls through a known call site, taken by the pump (issue 30, B1).
  *
  * A SITE_CALL names a call site that an earlier CALL registered (actor,
  * method, caller, message point).  In Python it goes Pump.poll ->
- * ActorHost.on_site_call -> the actor's mailbox -> SyncRunner._main ->
- * Invoker.call_site -> _invoke -> the endpoint -> Runtime.reply_value ->
- * Router.send -> NativeWire.send -> Sender.post: a dozen Python frames per
- * call on the worker.  When the actor's own thread is the one polling, idle
- * with an empty mailbox, the pump hands the frame to the site's Site here
- * instead, which does what those frames do with no Python frame but the
- * endpoint's (docs/design/data.md, "B1 against a raw round trip"):
+ * ActorHost.on_site_call -> SiteCall -> SyncRunner.put, then
+ * SyncRunner._main -> Invoker.call_site -> _invoke -> the endpoint ->
+ * Runtime.reply_value -> protocol.reply -> Router.send -> NativeWire.send ->
+ * Sender.post: a dozen Python frames per call on the worker.  When the
+ * actor's own thread is the one polling, idle with an empty mailbox, the
+ * pump hands the frame to the site's Site here instead, which takes it
+ * (mpimesh_site_run); the thread's idle wait then returns (its done() is
+ * Lane.ready) and SyncRunner._main calls Lane.run, which does what those
+ * frames do with no Python frame but the endpoint's
+ * (docs/design/data.md, "B1 against a raw round trip").  The endpoint runs
+ * where the Python path runs it, outside the poll: without the progress
+ * token, free to wait for calls of its own.
  *
  *   Lane(mailbox, lifecycle, running, tid)   one sync actor: its mailbox (a
  *       deque), its Lifecycle and the phase it must be in (Phase.RUNNING),
- *       its thread's id; `armed` is set by that thread (SyncRunner._main)
- *       only while it waits, idle, for mail;
+ *       its thread's id, and the one call taken; `armed` is set by that
+ *       thread (SyncRunner._main) only while it waits, idle, for mail;
  *   Site(lane, fn, var, ctx, cell, method, index, dest, island, rank,
  *        routes, routed, peers, outs, sender, outbox, dead, reply_kind,
- *        value_status, finish, hold, send_failed)
+ *        value_status, finish, hold, send_failed, slow)
  *       one call site: the bound endpoint, the context variable and the
  *       site's Context, the actor's cell (its `calls` and `busy`, which the
  *       dashboard reads), the method's name and the message's index, and
@@ -27,16 +32,16 @@
  *       link's Out table, the Sender, the Outbox (its `polls`) and the
  *       runtime's dead processes.
  *
- * mpimesh_site_run() declines (returns 0, the pump calls the ordinary
- * handler) unless the lane is armed, this thread is the actor's, its mailbox
- * is empty, it runs, the caller is not dead and the route and Out are still
- * the ones made for the site: in any other case the Python path does what is
- * right, in order.  Once it calls the endpoint, it answers: a result of a
- * plain scalar type (serialize.ATOMS) as a VALUE reply through Sender.post,
- * anything else (an exception, another result) through finish(pid, result,
- * exc), which is the Python path's own ending (Invoker.site_done).  A frame
- * the sender holds for a batch goes to hold(data); a send that raises, to
- * send_failed(exc).
+ * The pump's offer is declined (0: the ordinary handler takes the frame)
+ * unless the lane is armed, holds no call yet, this thread is the actor's
+ * and its mailbox is empty: then the call taken is the actor's next item, in
+ * order.  Lane.run gives it back to the Python path, slow(pid, args), unless
+ * the actor still runs and the caller's way is still the one made for the
+ * site.  Once it calls the endpoint, it answers: a result of a plain scalar
+ * type (serialize.ATOMS) as a VALUE reply through Sender.post, anything else
+ * (an exception, another result) through finish(pid, result, exc), the
+ * Python path's own ending (Invoker.site_done).  A reply the sender holds
+ * for a batch goes to hold(data); a send that raises, to send_failed(exc).
  */
 #include "site.h"
 
@@ -51,6 +56,7 @@
 typedef struct {
     PyObject_HEAD
     PyObject *mailbox, *lifecycle, *running;
+    PyObject *site, *pid, *args; /* the call taken, not yet run (site NULL: none) */
     unsigned long tid;
     char armed;
 } Lane;
@@ -59,6 +65,9 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg) {
     Py_VISIT(self->mailbox);
     Py_VISIT(self->lifecycle);
     Py_VISIT(self->running);
+    Py_VISIT(self->site);
+    Py_VISIT(self->pid);
+    Py_VISIT(self->args);
     return 0;
 }
 
@@ -66,6 +75,9 @@ static int lane_clear(Lane *self) {
     Py_CLEAR(self->mailbox);
     Py_CLEAR(self->lifecycle);
     Py_CLEAR(self->running);
+    Py_CLEAR(self->site);
+    Py_CLEAR(self->pid);
+    Py_CLEAR(self->args);
     return 0;
 }
 
@@ -81,16 +93,38 @@ static int lane_init(Lane *self, PyObject *args, PyObject *kwds) {
     unsigned long tid;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOk:Lane", names, &mailbox, &lifecycle, &running, &tid))
         return -1;
+    lane_clear(self);
     Py_INCREF(mailbox);
-    Py_XSETREF(self->mailbox, mailbox);
+    self->mailbox = mailbox;
     Py_INCREF(lifecycle);
-    Py_XSETREF(self->lifecycle, lifecycle);
+    self->lifecycle = lifecycle;
     Py_INCREF(running);
-    Py_XSETREF(self->running, running);
+    self->running = running;
     self->tid = tid;
     self->armed = 0;
     return 0;
 }
+
+/* ready() -> bool: mail, or a call taken (the actor's idle wait's done()) */
+static PyObject *lane_ready(Lane *self, PyObject *unused) {
+    Py_ssize_t mail;
+    (void)unused;
+    if (self->site != NULL) Py_RETURN_TRUE;
+    if (self->mailbox == NULL) Py_RETURN_FALSE;
+    mail = PyObject_Size(self->mailbox);
+    if (mail < 0) return NULL;
+    return PyBool_FromLong(mail > 0);
+}
+
+static PyObject *lane_run(Lane *self, PyObject *unused);
+
+static PyMethodDef lane_methods[] = {
+    {"ready", (PyCFunction)lane_ready, METH_NOARGS,
+     "ready() -> bool\n\nWhether the mailbox has mail or a call was taken: the idle wait's done()."},
+    {"run", (PyCFunction)lane_run, METH_NOARGS,
+     "run() -> bool\n\nRun the call taken, if any (see native/site.c); whether there was one."},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyMemberDef lane_members[] = {
     {"armed", T_BOOL, offsetof(Lane, armed), 0, "set by the actor's thread while it waits, idle, for mail"},
@@ -108,18 +142,19 @@ static PyTypeObject LaneType = {
     .tp_dealloc = (destructor)lane_dealloc,
     .tp_traverse = (traverseproc)lane_traverse,
     .tp_clear = (inquiry)lane_clear,
+    .tp_methods = lane_methods,
     .tp_members = lane_members,
 };
 
 /* --- Site ----------------------------------------------------------------- */
 
-#define SITE_FIELDS 22
+#define SITE_FIELDS 23
 
 typedef struct {
     PyObject_HEAD
     /* in the constructor's order; `lane` is a Lane */
     PyObject *lane, *fn, *var, *ctx, *cell, *method, *index, *dest, *island, *rank, *routes, *routed, *peers, *outs,
-        *sender, *outbox, *dead, *reply_kind, *value_status, *finish, *hold, *send_failed;
+        *sender, *outbox, *dead, *reply_kind, *value_status, *finish, *hold, *send_failed, *slow;
     long long runs;
 } Site;
 
@@ -147,14 +182,14 @@ static int site_init(Site *self, PyObject *args, PyObject *kwds) {
     static char *names[] = {"lane", "fn", "var", "ctx", "cell", "method", "index", "dest", "island", "rank",
                             "routes", "routed", "peers", "outs", "sender", "outbox", "dead", "reply_kind",
                             "value_status",
-                            "finish", "hold", "send_failed", NULL};
+                            "finish", "hold", "send_failed", "slow", NULL};
     PyObject *got[SITE_FIELDS];
     PyObject **field = site_fields(self);
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOOOO!OO!O!OOO!OOOOO:Site", names, &LaneType, &got[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOOOO!OO!O!OOO!OOOOOO:Site", names, &LaneType, &got[0],
                                      &got[1], &got[2], &got[3], &got[4], &got[5], &got[6], &got[7], &got[8],
                                      &got[9], &PyDict_Type, &got[10], &got[11], &PyDict_Type, &got[12],
                                      &PyDict_Type, &got[13], &got[14], &got[15], &PyDict_Type, &got[16], &got[17],
-                                     &got[18], &got[19], &got[20], &got[21]))
+                                     &got[18], &got[19], &got[20], &got[21], &got[22]))
         return -1;
     if (!PyContextVar_CheckExact(got[2])) {
         PyErr_SetString(PyExc_TypeError, "Site: var must be a contextvars.ContextVar");
@@ -168,7 +203,7 @@ static int site_init(Site *self, PyObject *args, PyObject *kwds) {
 }
 
 static PyMemberDef site_members[] = {
-    {"runs", T_LONGLONG, offsetof(Site, runs), READONLY, "calls run here (the others took the Python path)"},
+    {"runs", T_LONGLONG, offsetof(Site, runs), READONLY, "calls run in C (the others took the Python path)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -306,23 +341,31 @@ static int run(Site *self, PyObject *out, PyObject *pid, PyObject *args) {
 int mpimesh_site_run(PyObject *obj, PyObject *frame) {
     Site *self = (Site *)obj;
     Lane *lane;
-    PyObject *pid, *args, *phase, *routed, *out;
+    PyObject *args;
     Py_ssize_t mail;
-    int dead, peer, rc;
     if (!Py_IS_TYPE(obj, &SiteType) || self->lane == NULL) return 0;
     lane = (Lane *)self->lane;
-    if (!lane->armed || lane->tid != PyThread_get_thread_ident()) return 0;
+    if (!lane->armed || lane->site != NULL || lane->tid != PyThread_get_thread_ident()) return 0;
     /* (SITE_CALL, None, site, pid, args) */
     if (PyTuple_GET_SIZE(frame) != 5 || PyTuple_GET_ITEM(frame, 1) != Py_None) return 0;
-    pid = PyTuple_GET_ITEM(frame, 3);
     args = PyTuple_GET_ITEM(frame, 4);
     if (!PyTuple_CheckExact(args)) return 0;
     mail = PyObject_Size(lane->mailbox);
     if (mail != 0) return mail < 0 ? -1 : 0; /* after what is queued, in order */
-    phase = PyObject_GetAttr(lane->lifecycle, str_phase);
-    if (phase == NULL) return -1;
-    Py_DECREF(phase); /* compared by identity only */
-    if (phase != lane->running) return 0;
+    Py_INCREF(obj);
+    lane->site = obj;
+    Py_INCREF(PyTuple_GET_ITEM(frame, 3));
+    lane->pid = PyTuple_GET_ITEM(frame, 3);
+    Py_INCREF(args);
+    lane->args = args;
+    return 1;
+}
+
+/* Whether the reply's way is still the one made for the site; then *out is
+ * its Out (borrowed).  0 no, 1 yes, -1 error. */
+static int way_holds(Site *self, PyObject **out) {
+    PyObject *routed;
+    int dead, peer;
     dead = PyDict_Contains(self->dead, self->dest);
     if (dead != 0) return dead < 0 ? -1 : 0;
     routed = PyDict_GetItemWithError(self->routes, self->island);
@@ -330,19 +373,43 @@ int mpimesh_site_run(PyObject *obj, PyObject *frame) {
     if ((routed == NULL ? Py_None : routed) != self->routed) return 0; /* the router would go another way */
     peer = PyDict_Contains(self->peers, self->dest);
     if (peer != 0) return peer < 0 ? -1 : 0;
-    out = PyDict_GetItemWithError(self->outs, self->rank);
-    if (out == NULL) return PyErr_Occurred() ? -1 : 0;
-    /* The endpoint may poll (a call of its own): its nested polls queue, as
-     * for any other busy actor. */
-    Py_INCREF(obj);
-    Py_INCREF(out);
-    lane->armed = 0;
-    self->runs++;
-    rc = run(self, out, pid, args);
-    lane->armed = 1;
-    Py_DECREF(out);
-    Py_DECREF(obj);
-    return rc < 0 ? -1 : 1;
+    *out = PyDict_GetItemWithError(self->outs, self->rank);
+    if (*out == NULL) return PyErr_Occurred() ? -1 : 0;
+    return 1;
+}
+
+static PyObject *lane_run(Lane *lane, PyObject *unused) {
+    Site *self = (Site *)lane->site;
+    PyObject *pid = lane->pid, *args = lane->args, *phase, *out = NULL;
+    int rc, holds;
+    (void)unused;
+    if (self == NULL) Py_RETURN_FALSE;
+    lane->site = lane->pid = lane->args = NULL; /* taken: the references are ours */
+    phase = PyObject_GetAttr(lane->lifecycle, str_phase);
+    if (phase == NULL) {
+        rc = -1;
+        goto done;
+    }
+    Py_DECREF(phase); /* compared by identity only */
+    holds = phase == lane->running ? way_holds(self, &out) : 0;
+    if (holds < 0) {
+        rc = -1;
+    } else if (holds == 0) {
+        /* stopped, failed, or the caller's way changed: the Python path says or does what is right */
+        PyObject *argv[2] = {pid, args};
+        rc = call_drop(self->slow, argv, 2);
+    } else {
+        Py_INCREF(out);
+        self->runs++;
+        rc = run(self, out, pid, args);
+        Py_DECREF(out);
+    }
+done:
+    Py_DECREF(self);
+    Py_DECREF(pid);
+    Py_DECREF(args);
+    if (rc < 0) return NULL;
+    Py_RETURN_TRUE;
 }
 
 int mpimesh_site_add(PyObject *module) {

@@ -194,6 +194,10 @@ class Invoker:
         else:
             self._answer(port, index, result, site.method)
 
+    def site_again(self, site: Site, pid: int, args: tuple[Any, ...]) -> None:
+        """A call through ``site`` that native/site.c took but leaves to the Python path (the actor stopped, ...)."""
+        self.call_site(SiteCall(site, pid, args), None)
+
     # -- calling -----------------------------------------------------------
 
     def _invoke(

@@ -97,13 +97,15 @@ class SyncRunner:
                     if lane is None:
                         wait(has_mail, self.cond)
                     else:
-                        # Idle: the pump may run a call through a known
-                        # site on this thread meanwhile (native/site.c).
+                        # Idle: the pump may take a call through a known
+                        # site for this thread meanwhile (native/site.c).
                         lane.armed = True
                         try:
-                            wait(has_mail, self.cond)
+                            wait(lane.ready, self.cond)
                         finally:
                             lane.armed = False
+                        if lane.run():  # the call taken, before any mail (it came first)
+                            continue
                 item = mailbox.popleft()
                 if not handlers[type(item)](item, None):
                     break

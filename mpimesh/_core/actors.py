@@ -156,7 +156,8 @@ class ActorHost:
             lane=runner.lane, fn=site.fn, var=_context_var, ctx=site.ctx, cell=actor, method=site.method,
             index=site.point[0], dest=dest, island=dest[0], rank=rank, routes=routes, routed=routed, peers=peers,
             dead=self.runtime.dead, reply_kind=Kind.REPLY, value_status=Status.VALUE,
-            finish=partial(actor.invoker.site_done, site), send_failed=send_failed, **way,
+            finish=partial(actor.invoker.site_done, site), send_failed=send_failed,
+            slow=partial(actor.invoker.site_again, site), **way,
         )
 
     def on_stop(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:

@@ -392,13 +392,19 @@ def test_call_sites_of_stopped_explicit_port_and_async_actors(one_proc: object) 
 class PumpSites(Actor):
     """A sync actor whose calls through a known site the worker's pump may run itself (native/site.c)."""
 
-    def __init__(self) -> None:
+    def __init__(self, other: object) -> None:
+        self.other = other
         self.seen: list[int] = []
 
     @endpoint
     def add(self, a: int, b: int = 0) -> int:
         self.seen.append(a)
         return a + b
+
+    @endpoint
+    def ask(self, i: int) -> object:
+        # waits for another actor's reply inside the call (another thread polls meanwhile)
+        return self.other.slice(gpus=0).echo.call_one(i).get(10)  # type: ignore[attr-defined]
 
     @endpoint
     def pair(self, a: int) -> tuple[int, dict[str, int], str]:  # not a scalar: answered by the Python path
@@ -433,14 +439,15 @@ class PumpSites(Actor):
         return cell.calls, sum(site.runs for site in mine), bool(mine)
 
 
-def test_calls_the_pump_runs_behave_as_the_mailbox_ones(procs: object, faults: Faults) -> None:
+def test_calls_the_pump_runs_behave_as_the_mailbox_ones(procs: object, echo: object, faults: Faults) -> None:
     """Many calls through known sites (run by the worker's pump while the actor idles, on the native wire)."""
-    mesh = procs.spawn("pumpsites", PumpSites)  # type: ignore[attr-defined]
+    mesh = procs.spawn("pumpsites", PumpSites, echo)  # type: ignore[attr-defined]
     one = mesh.slice(gpus=1)
     add, pair, fail, die = one.add, one.pair, one.fail, one.die
     try:
         assert [add.call_one(i, 1).get(10) for i in range(100)] == [i + 1 for i in range(100)]
         assert [pair.call_one(i).get(10) for i in range(30)] == [(i, {}, "pumpsites") for i in range(30)]
+        assert [one.ask.call_one(i).get(20) for i in range(30)] == list(range(30))
         for i in range(30):
             with pytest.raises(ActorError) as info:
                 fail.call_one(i).get(10)
@@ -458,7 +465,7 @@ def test_calls_the_pump_runs_behave_as_the_mailbox_ones(procs: object, faults: F
         assert [f.get(10) for f in futs] == [i for i in range(1000, 1200) if i % 5 and i % 3 == 0]
         assert one.history.call_one().get(10)[-len(order):] == order
         calls, runs, served = one.stats.call_one().get(10)
-        assert calls == 100 + 30 + 30 + 200 + 2  # every call counted (the dashboard's), run here or not
+        assert calls == 100 + 30 + 30 + 30 + 200 + 2  # every call counted (the dashboard's), run here or not
         assert runs > 0 or not served  # served: a pool worker on the native wire
         assert [die.call_one(False).get(10) for _ in range(20)] == [None] * 20
         with pytest.raises(SupervisionError, match=r"^Endpoint call pumpsites\.die\(\) failed, .*SystemExit in die: 3"):
