@@ -24,7 +24,7 @@
  *       with its error code, for the router to acknowledge (ULFM).
  *
  * A SITE_CALL frame (kind site_kind) whose call site is in `sites` (a dict
- * of site numbers to _native.Site, or None: set by NativeWire.serve_sites)
+ * of site numbers to _native.Site, or None: set by NativeWire._serve_sites)
  * is first offered to its Site, which takes it for the actor's own thread
  * to run in C when that thread is the one polling, idle (native/site.c); if
  * it declines, the handler gets it as any frame.

@@ -131,17 +131,19 @@ class ActorHost:
         self.served[number] = site.key
         runner = actor.runner
         router = self.runtime.router
-        serve = getattr(router.wire, "serve_sites", None)
+        # Only the native wire has them, outside the Wire protocol that both wires answer
+        # (tests/transport/test_router.py): the mpi4py wire keeps the Python path.
+        serve = getattr(router.wire, "_serve_sites", None)
         route = router.direct_route(site.caller)
         if serve is None or route is None or not isinstance(runner, SyncRunner) or runner.tid is None:
             return
-        from .. import _native  # only with the native wire (serve_sites)
+        from .. import _native  # only with the native wire (_serve_sites)
 
         if runner.lane is None:
             runner.lane = _native.Lane(runner.mailbox, actor.lifecycle, Phase.RUNNING, runner.tid)
         link, rank, routed, routes, peers = route
         dest = site.caller
-        way = router.wire.site_way(link, rank)  # type: ignore[attr-defined]  # the native wire's (serve_sites)
+        way = router.wire._site_way(link, rank)  # type: ignore[attr-defined]  # the native wire's (_serve_sites)
         way_failed = way.pop("send_failed")
         addr = self.runtime.addr
 

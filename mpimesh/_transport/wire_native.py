@@ -209,7 +209,7 @@ class NativeWire:
 
     # -- call sites run by the pump (native/site.c) --------------------------
 
-    def serve_sites(self, kind: int) -> dict[int, Any]:
+    def _serve_sites(self, kind: int) -> dict[int, Any]:
         """The table of call sites the pump offers their ``kind`` (SITE_CALL) frames to first.
 
         Site number -> ``_native.Site``, filled and emptied by the caller
@@ -222,7 +222,7 @@ class NativeWire:
             self._pump.site_kind = kind
         return sites
 
-    def site_way(self, link: Link, rank: int) -> dict[str, Any]:
+    def _site_way(self, link: Link, rank: int) -> dict[str, Any]:
         """The keyword arguments a ``_native.Site`` sends with to ``rank`` on ``link``, as :meth:`send` does.
 
         ``send_failed(exc)`` raises ConnectionError when the peer has failed.
