@@ -286,16 +286,16 @@ static Py_ssize_t dispatch(Pump *self, PyObject *got) {
         if (kind_long == self->site_kind && self->sites != NULL && PyDict_Check(self->sites) &&
             PyTuple_GET_SIZE(frame) > 2) {
             PyObject *site = PyDict_GetItemWithError(self->sites, PyTuple_GET_ITEM(frame, 2));
-            int ran = 0;
+            int took = 0;
             if (site != NULL) {
                 Py_INCREF(site); /* the table may change meanwhile */
-                ran = mpimesh_site_run(site, frame);
+                took = mpimesh_site_take(site, frame);
                 Py_DECREF(site);
             } else if (PyErr_Occurred()) {
-                ran = -1;
+                took = -1;
             }
-            if (ran > 0) continue;
-            if (ran < 0) {
+            if (took > 0) continue;
+            if (took < 0) {
                 if (handler_failed(self, kind, source) < 0) goto fail;
                 continue;
             }

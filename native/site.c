@@ -8,7 +8,7 @@
  * Sender.post: a dozen Python frames per call on the worker.  When the
  * actor's own thread is the one polling, idle with an empty mailbox, the
  * pump hands the frame to the site's Site here instead, which takes it
- * (mpimesh_site_run); the thread's idle wait then returns (its done() is
+ * (mpimesh_site_take); the thread's idle wait then returns (its done() is
  * Lane.ready) and SyncRunner._main calls Lane.run, which does what those
  * frames do with no Python frame but the endpoint's
  * (docs/design/data.md, "B1 against a raw round trip").  The endpoint runs
@@ -338,7 +338,7 @@ static int run(Site *self, PyObject *out, PyObject *pid, PyObject *args) {
     return rc;
 }
 
-int mpimesh_site_run(PyObject *obj, PyObject *frame) {
+int mpimesh_site_take(PyObject *obj, PyObject *frame) {
     Site *self = (Site *)obj;
     Lane *lane;
     PyObject *args;

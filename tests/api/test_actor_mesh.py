@@ -466,7 +466,11 @@ def test_calls_the_pump_runs_behave_as_the_mailbox_ones(procs: object, echo: obj
         assert one.history.call_one().get(10)[-len(order):] == order
         calls, runs, served = one.stats.call_one().get(10)
         assert calls == 100 + 30 + 30 + 30 + 200 + 2  # every call counted (the dashboard's), run here or not
-        assert runs > 0 or not served  # served: a pool worker on the native wire
+        # served: on the native wire; with the cast tree's knobs turned down (CI's third -n 4 run)
+        # the calls may come relayed, past the pump, and take the Python path
+        relayed = any(os.environ.get(k) for k in ("MPIMESH_CAST_FANOUT", "MPIMESH_CAST_TREE_MIN",
+                                                   "MPIMESH_CAST_NEAR_DIRECT"))
+        assert runs > 0 or not served or relayed
         assert [die.call_one(False).get(10) for _ in range(20)] == [None] * 20
         with pytest.raises(SupervisionError, match=r"^Endpoint call pumpsites\.die\(\) failed, .*SystemExit in die: 3"):
             die.call_one(True).get(10)
