@@ -62,6 +62,10 @@ class Pump:
     heard_controller: float
     #: frames dispatched
     frames_in: int
+    #: call site number -> :class:`Site` offered its SITE_CALLs first, or None
+    sites: dict[int, Site] | None
+    #: the SITE_CALL frame kind (-1: none)
+    site_kind: int
 
     def __init__(
         self, lock: Any, handlers: dict[int, Any], take_buffers: Any, on_error: Any, no_buffers: list[Any],
@@ -74,6 +78,57 @@ class Pump:
 
         With link failures: ``(handled, [(link index, MPI error code), ...])``.
         """
+
+class Lane:
+    """One sync actor as the native call sites see it, and the one call the pump took for it (see native/site.c).
+
+    Args:
+        mailbox: its mailbox (a deque): a call is run only while it is empty.
+        lifecycle: its ``Lifecycle``, whose ``phase`` must be ``running``.
+        running: ``Phase.RUNNING``.
+        tid: its thread's id; a call is run only by that thread.
+    """
+
+    #: set by the actor's thread while it waits, idle, for mail
+    armed: bool
+    tid: int
+
+    def __init__(self, mailbox: Any, lifecycle: Any, running: Any, tid: int) -> None: ...
+    def ready(self) -> bool:
+        """Whether the mailbox has mail or a call was taken: the actor's idle wait's ``done()``."""
+    def run(self) -> bool:
+        """Run the call taken, if any: in C, or through ``Site``'s ``slow``; whether there was one."""
+
+class Site:
+    """A call site whose SITE_CALLs the pump takes for its idle actor's thread to run in C (see native/site.c).
+
+    Args:
+        lane: the actor.
+        fn, var, ctx: the bound endpoint, the context variable and the site's Context.
+        cell: the actor's cell, whose ``calls`` and ``busy`` it keeps.
+        method, index: the method's name and the message's index.
+        dest, island, rank: the caller's address, its island, and its rank on the link the reply leaves on.
+        routes, routed, peers: the router's routes table, what it must map ``island`` to (the link,
+            or None for the parent link), and the router's peers, which must have none to ``dest``.
+        outs, sender, outbox: the link's Out table, the Sender and the Outbox (its ``polls``).
+        dead: the processes known dead: their calls are left to the Python path.
+        reply_kind, value_status: REPLY and VALUE.
+        finish: ``finish(pid, result, exc)``: an exception, or a result not a scalar.
+        hold: ``hold(data)``: a reply the sender holds for a batch.
+        send_failed: ``send_failed(exc)``: ``Sender.post`` raised ``exc``.
+        slow: ``slow(pid, args)``: a call taken that the Python path must make (the actor
+            stopped or failed, the caller's way changed).
+    """
+
+    #: calls run in C (the others took the Python path)
+    runs: int
+
+    def __init__(
+        self, *, lane: Lane, fn: Any, var: Any, ctx: Any, cell: Any, method: str, index: int,
+        dest: tuple[int, int], island: int, rank: int, routes: dict[int, Any], routed: Any, peers: dict[Any, Any],
+        outs: dict[int, Out], sender: Sender, outbox: Any, dead: dict[tuple[int, int], str], reply_kind: int,
+        value_status: int, finish: Any, hold: Any, send_failed: Any, slow: Any,
+    ) -> None: ...
 
 class Out:
     """Frames waiting to leave for one process, and when it was last sent to (see native/post.c)."""

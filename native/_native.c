@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include "cuda_aware.h"
+#include "site.h"
 #include "wire.h"
 
 /* MPI progress for ULFM's heartbeats, without the GIL (ulfm_beat.c). */
@@ -77,6 +78,6 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (mpimesh_pump_add(m) < 0 || mpimesh_post_add(m) < 0)) Py_CLEAR(m);
+    if (m != NULL && (mpimesh_pump_add(m) < 0 || mpimesh_post_add(m) < 0 || mpimesh_site_add(m) < 0)) Py_CLEAR(m);
     return m;
 }

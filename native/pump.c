@@ -23,6 +23,12 @@
  *       whose probe fails is left out for the rest of the call and reported
  *       with its error code, for the router to acknowledge (ULFM).
  *
+ * A SITE_CALL frame (kind site_kind) whose call site is in `sites` (a dict
+ * of site numbers to _native.Site, or None: set by NativeWire._serve_sites)
+ * is first offered to its Site, which takes it for the actor's own thread
+ * to run in C when that thread is the one polling, idle (native/site.c); if
+ * it declines, the handler gets it as any frame.
+ *
  * A handler that raises an Exception is reported as on_error(kind, source,
  * exception) and the next frame goes on; with on_error None it propagates.
  * Frames with raw buffers get them from take_buffers(link index, source,
@@ -32,6 +38,7 @@
 #include "wire.h"
 
 #include <stddef.h>
+#include "site.h"
 #include <structmember.h>
 #include <time.h>
 
@@ -45,9 +52,10 @@ typedef struct {
     PyObject *loads;             /* pickle.loads */
     PyObject *sources;           /* tuple: per link, an address tuple or an island int */
     PyObject *heard;             /* dict of tracked sources -> last heard (monotonic s), or None */
+    PyObject *sites;             /* dict: call site number -> _native.Site, or None */
     MPI_Comm comms[MPIMESH_MAX_LINKS];
     int n;
-    int tag, batch_kind, ping_kind;
+    int tag, batch_kind, ping_kind, site_kind;
     Py_ssize_t max_frames;
     double heard_controller;
     long long frames_in;
@@ -69,6 +77,7 @@ static int pump_traverse(Pump *self, visitproc visit, void *arg) {
     Py_VISIT(self->loads);
     Py_VISIT(self->sources);
     Py_VISIT(self->heard);
+    Py_VISIT(self->sites);
     return 0;
 }
 
@@ -82,6 +91,7 @@ static int pump_clear(Pump *self) {
     Py_CLEAR(self->loads);
     Py_CLEAR(self->sources);
     Py_CLEAR(self->heard);
+    Py_CLEAR(self->sites);
     return 0;
 }
 
@@ -123,6 +133,9 @@ static int pump_init(Pump *self, PyObject *args, PyObject *kwds) {
     self->sources = PyTuple_New(0);
     Py_INCREF(Py_None);
     self->heard = Py_None;
+    Py_INCREF(Py_None);
+    self->sites = Py_None;
+    self->site_kind = -1;
     self->n = 0;
     self->heard_controller = monotonic();
     return self->sources == NULL ? -1 : 0;
@@ -268,7 +281,25 @@ static Py_ssize_t dispatch(Pump *self, PyObject *got) {
         } else if (is_controller(source)) {
             self->heard_controller = now;
         }
-        if (PyLong_AsLong(kind) == self->ping_kind) quiet++;
+        long kind_long = PyLong_AsLong(kind);
+        if (kind_long == self->ping_kind) quiet++;
+        if (kind_long == self->site_kind && self->sites != NULL && PyDict_Check(self->sites) &&
+            PyTuple_GET_SIZE(frame) > 2) {
+            PyObject *site = PyDict_GetItemWithError(self->sites, PyTuple_GET_ITEM(frame, 2));
+            int took = 0;
+            if (site != NULL) {
+                Py_INCREF(site); /* the table may change meanwhile */
+                took = mpimesh_site_take(site, frame);
+                Py_DECREF(site);
+            } else if (PyErr_Occurred()) {
+                took = -1;
+            }
+            if (took > 0) continue;
+            if (took < 0) {
+                if (handler_failed(self, kind, source) < 0) goto fail;
+                continue;
+            }
+        }
         handler = PyDict_GetItemWithError(self->handlers, kind);
         if (handler != NULL) {
             PyObject *argv[3] = {source, frame, PyTuple_GET_ITEM(item, 2)};
@@ -384,6 +415,9 @@ static PyMemberDef pump_members[] = {
     {"heard", T_OBJECT, offsetof(Pump, heard), 0, "dict of tracked sources -> when last heard from, or None"},
     {"heard_controller", T_DOUBLE, offsetof(Pump, heard_controller), 0,
      "when a frame from (0, 0) last arrived (time.monotonic), if heard is None"},
+    {"sites", T_OBJECT, offsetof(Pump, sites), 0,
+     "dict of call site numbers -> _native.Site whose SITE_CALLs it offers to them first, or None"},
+    {"site_kind", T_INT, offsetof(Pump, site_kind), 0, "the SITE_CALL frame kind (-1: none)"},
     {"frames_in", T_LONGLONG, offsetof(Pump, frames_in), READONLY, "frames dispatched"},
     {NULL, 0, 0, 0, NULL},
 };

@@ -37,6 +37,7 @@ __all__ = ["Cell", "Invoker", "Runtime"]
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from .._transport.router import Router
     from .owners import Owners
 
 # Results of these types are answered at once, without asking inspect.
@@ -69,6 +70,12 @@ class Runtime(Protocol):
 
     @property
     def owners(self) -> Owners: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    @property
+    def dead(self) -> dict[Addr, str]: ...
 
 
 class Cell(Protocol):
@@ -170,6 +177,26 @@ class Invoker:
         finally:
             _context_var.reset(token)
         return True
+
+    def site_done(self, site: Site, pid: int, result: Any, exc: BaseException | None) -> None:
+        """The end of a call through ``site`` that native/site.c made: its error, or a result not a scalar.
+
+        What :meth:`_invoke` does after the endpoint returns or raises, for
+        the calls it does not answer itself (in the site's context, the
+        actor no longer busy).
+        """
+        port = (site.caller, pid)
+        index = site.point[0]
+        if exc is None and type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
+            exc = TypeError(f"endpoint {site.method} returned an awaitable in a sync actor; declare it async def")
+        if exc is not None:
+            self._failed(exc, port, index, site.method)
+        else:
+            self._answer(port, index, result, site.method)
+
+    def site_again(self, site: Site, pid: int, args: tuple[Any, ...]) -> None:
+        """A call through ``site`` that native/site.c took but leaves to the Python path (the actor stopped, ...)."""
+        self.call_site(SiteCall(site, pid, args), None)
 
     # -- calling -----------------------------------------------------------
 

@@ -60,6 +60,9 @@ class SyncRunner:
         self._handlers: Handlers = {}
         # the thread's id: it may fill its own mailbox while it polls
         self._tid: int | None = None
+        #: the actor as native call sites see it (a ``_native.Lane``, see
+        #: ``ActorHost.on_site_call``), or None; armed while the thread waits idle
+        self.lane: Any = None
 
     def put(self, item: Item) -> None:
         """Add ``item`` to the mailbox and wake the thread."""
@@ -70,6 +73,11 @@ class SyncRunner:
         with self.cond:
             self.mailbox.append(item)
             self.cond.notify()
+
+    @property
+    def tid(self) -> int | None:
+        """The thread's id (``threading.get_ident()``), once it has started."""
+        return self._tid
 
     def start(self, handlers: Handlers) -> None:
         """Start the thread, which hands each item to ``handlers[type(item)]``."""
@@ -85,7 +93,19 @@ class SyncRunner:
             handlers = self._handlers
             while True:
                 if not mailbox:
-                    wait(has_mail, self.cond)
+                    lane = self.lane
+                    if lane is None:
+                        wait(has_mail, self.cond)
+                    else:
+                        # Idle: the pump may take a call through a known
+                        # site for this thread meanwhile (native/site.c).
+                        lane.armed = True
+                        try:
+                            wait(lane.ready, self.cond)
+                        finally:
+                            lane.armed = False
+                        if lane.run():  # the call taken, before any mail (it came first)
+                            continue
                 item = mailbox.popleft()
                 if not handlers[type(item)](item, None):
                     break

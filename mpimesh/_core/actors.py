@@ -13,16 +13,21 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from .._waits import Countdown, Deadline
+from ..context import _context_var
 from ..errors import MeshInternalError
 from . import protocol
 from .actor_cell import ActorCell
 from .actor_invoke import Runtime
+from .actor_lifecycle import Phase
 from .actor_mail import Addr, Call, Init, Item, Site, SiteCall, as_point
+from .actor_runner import SyncRunner
+from .logs import debug
 from .ports import gone
-from .protocol import Frame, Key, PortRef, Status
+from .protocol import Frame, Key, Kind, PortRef, Status
 
 __all__ = ["ActorHost"]
 
@@ -44,6 +49,11 @@ class ActorHost:
         self.tombstones: dict[Key, tuple[str, str]] = {}
         # call site -> (actor key, method, caller's address, message point), see protocol.site_call
         self.sites: dict[int, Site] = {}
+        # call site -> its actor's key, for the sites offered to the pump
+        # (serve_site), whether it took them or not
+        self.served: dict[int, Key] = {}
+        # the native wire's table of the sites its pump runs (None: another wire, or not asked yet)
+        self.native_sites: dict[int, Any] | None = None
         # Every actor thread ever started: the process must not finalize MPI
         # while one of them is still on its way out (MPICH keeps per-thread
         # state and hangs in MPI_Finalize otherwise).
@@ -73,6 +83,8 @@ class ActorHost:
         if site:
             # (actor, method, caller, point) of later SITE_CALLs from the caller
             self.sites[site[0]] = Site(key, method, port[0], point)
+            if self.served.pop(site[0], None) is not None and self.native_sites is not None:
+                self.native_sites.pop(site[0], None)
         actor = self.live.get(key)
         tomb = None
         if actor is None:
@@ -100,11 +112,55 @@ class ActorHost:
             raise MeshInternalError(f"SITE_CALL from {src} names call site {number}, which was never registered here")
         actor = self.live.get(site.key)
         if actor is not None and not actor.is_async:
+            if site.fn is not None and number not in self.served:
+                self.serve_site(number, site, actor)
             actor.put(SiteCall(site, pid, args))
             return
         # an async actor, or one not there (yet, or any more)
         call = protocol.call(None, site.key, site.method, (args, _NO_KWARGS), (site.caller, pid), site.point)
         self.on_call(src, call, buffers)
+
+    def serve_site(self, number: int, site: Site, actor: ActorCell) -> None:
+        """Offer the pump the later calls through ``site``, to run while ``actor`` idles (native/site.c).
+
+        Once, after the first call through the site has bound its endpoint
+        and context (on the actor's thread); only on the native wire, and
+        for a caller reached directly.  The pump declines anything unusual,
+        which then comes here as always.
+        """
+        self.served[number] = site.key
+        runner = actor.runner
+        router = self.runtime.router
+        # Only the native wire has them, outside the Wire protocol that both wires answer
+        # (tests/transport/test_router.py): the mpi4py wire keeps the Python path.
+        serve = getattr(router.wire, "_serve_sites", None)
+        route = router.direct_route(site.caller)
+        if serve is None or route is None or not isinstance(runner, SyncRunner) or runner.tid is None:
+            return
+        from .. import _native  # only with the native wire (_serve_sites)
+
+        if runner.lane is None:
+            runner.lane = _native.Lane(runner.mailbox, actor.lifecycle, Phase.RUNNING, runner.tid)
+        link, rank, routed, routes, peers = route
+        dest = site.caller
+        way = router.wire._site_way(link, rank)  # type: ignore[attr-defined]  # the native wire's (_serve_sites)
+        way_failed = way.pop("send_failed")
+        addr = self.runtime.addr
+
+        def send_failed(exc: BaseException) -> None:
+            try:
+                way_failed(exc)
+            except ConnectionError:
+                debug(f"reply to {dest} dropped: it has failed", addr)
+
+        self.native_sites = table = serve(Kind.SITE_CALL)
+        table[number] = _native.Site(
+            lane=runner.lane, fn=site.fn, var=_context_var, ctx=site.ctx, cell=actor, method=site.method,
+            index=site.point[0], dest=dest, island=dest[0], rank=rank, routes=routes, routed=routed, peers=peers,
+            dead=self.runtime.dead, reply_kind=Kind.REPLY, value_status=Status.VALUE,
+            finish=partial(actor.invoker.site_done, site), send_failed=send_failed,
+            slow=partial(actor.invoker.site_again, site), **way,
+        )
 
     def on_stop(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
         """The STOP handler: stop one actor (or all) after its pending messages, then answer."""
@@ -148,6 +204,11 @@ class ActorHost:
         with self.lock:
             self.live.pop(key, None)
             self.tombstones[key] = (name, reason)
+        # The pump lets go of the actor's endpoints (and so of the actor).
+        for number in [n for n, k in list(self.served.items()) if k == key]:
+            del self.served[number]
+            if self.native_sites is not None:
+                self.native_sites.pop(number, None)
 
     def wait_stopped(self, actors: list[ActorCell], timeout: float) -> list[ActorCell]:
         """Wait (bounded) for actors to finish; returns those still running."""

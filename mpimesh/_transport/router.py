@@ -305,6 +305,26 @@ class Router:
             frame = (frame[0], layout(buffers), *frame[2:])
         self.send_raw(dest, pickle.dumps(frame, protocol=5), buffers)
 
+    def direct_route(self, dest: Addr) -> tuple[Link, int, Link | None, dict[int, Link], dict[Addr, Link]] | None:
+        """How :meth:`send` reaches ``dest`` with a frame without buffers, for a sender of its own (native/site.c).
+
+        Returns:
+            ``(link, rank, routed, routes, peers)``: it sends on ``link`` to
+            ``rank`` while the ``routes`` table maps ``dest``'s island to
+            ``routed`` (``link``, or None when ``link`` is the parent's) and
+            ``peers`` has no link to ``dest``, which that sender checks
+            before each frame; None: it goes another way (to this process,
+            a peer, through a relay) or nowhere.
+        """
+        if dest == self.addr or dest in self._peers:
+            return None
+        link = self._routes.get(dest[0])
+        if link is not None:
+            return link, dest[1], link, self._routes, self._peers
+        if dest == CONTROLLER and self._parent is not None:
+            return self._parent, 0, None, self._routes, self._peers
+        return None
+
     def link_of(self, dest: Addr) -> tuple[MPI.Comm, int] | None:
         """The communicator and rank that reach ``dest`` directly, or None (relayed, or no route).
 

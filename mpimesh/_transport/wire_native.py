@@ -207,6 +207,39 @@ class NativeWire:
         if data is not None:
             self.post(link, rank, data, NO_BUFFERS)  # to be held back for a batch
 
+    # -- call sites run by the pump (native/site.c) --------------------------
+
+    def _serve_sites(self, kind: int) -> dict[int, Any]:
+        """The table of call sites the pump offers their ``kind`` (SITE_CALL) frames to first.
+
+        Site number -> ``_native.Site``, filled and emptied by the caller
+        (``_core.actors.ActorHost``); a site that declines a frame leaves
+        it to the frame's handler.
+        """
+        sites: dict[int, Any] | None = self._pump.sites
+        if sites is None:
+            sites = self._pump.sites = {}
+            self._pump.site_kind = kind
+        return sites
+
+    def _site_way(self, link: Link, rank: int) -> dict[str, Any]:
+        """The keyword arguments a ``_native.Site`` sends with to ``rank`` on ``link``, as :meth:`send` does.
+
+        ``send_failed(exc)`` raises ConnectionError when the peer has failed.
+        """
+        link.outs.setdefault(rank, _native.Out(link, rank))
+        outbox = self._outbox
+
+        def hold(data: bytes) -> None:
+            self.post(link, rank, data, NO_BUFFERS)
+
+        def send_failed(exc: BaseException) -> None:
+            if not isinstance(exc, MPI.Exception):
+                raise exc
+            outbox.send_failed(link, rank, exc)
+
+        return {"outs": link.outs, "sender": self._sender, "outbox": outbox, "hold": hold, "send_failed": send_failed}
+
     # -- receiving ---------------------------------------------------------
 
     def poll(self, spin: float = 0.0) -> int:
