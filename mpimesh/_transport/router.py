@@ -305,6 +305,18 @@ class Router:
             frame = (frame[0], layout(buffers), *frame[2:])
         self.send_raw(dest, pickle.dumps(frame, protocol=5), buffers)
 
+    def direct(self, dest: Addr) -> tuple[dict[int, Link], Link] | None:
+        """The island routes and the link :meth:`send` takes to ``dest`` for a frame without buffers, or None.
+
+        None unless ``dest`` is on an island with a route (not this process, a
+        peer's direct link or the relay).  A sender that keeps the link
+        (``_core.calls``' call sites) may use it while ``routes[dest[0]] is link``.
+        """
+        link = self._routes.get(dest[0])
+        if link is None or dest == self.addr:
+            return None
+        return self._routes, link
+
     def link_of(self, dest: Addr) -> tuple[MPI.Comm, int] | None:
         """The communicator and rank that reach ``dest`` directly, or None (relayed, or no route).
 
