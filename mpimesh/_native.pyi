@@ -163,14 +163,16 @@ class Replies:
     def __init__(
         self, open: dict[int, Any], fallback: Any, lazy_lock: Any, one_type: type, value_status: int, finished: str,
     ) -> None: ...
+    #: the Python handler's function (``fallback``), for introspection: the dispatch table names it
+    __func__: Any
+
     def __call__(self, src: tuple[int, int], frame: Any, buffers: list[Any], /) -> None: ...
 
 class Spin:
     """``Progress.wait``'s spinning phase for a leader, in C (see native/site.c).
 
     Args:
-        progress: the Progress (its ``main_thread_polls`` and ``_polled_at``).
-        poll: ``poll(spin)``, the wire's.
+        progress: the Progress (its ``_poll``, ``main_thread_polls`` and ``_polled_at``).
         token: the progress token; leaders: Progress's list of leading waits.
         spin: seconds without traffic after which ``wait`` gives up.
         chunk: the longest probe of one poll, in seconds.
@@ -179,8 +181,8 @@ class Spin:
     """
 
     def __init__(
-        self, progress: Any, poll: Any, token: Any, leaders: list[object], spin: float, chunk: float,
-        yield_every: int, main_ident: int,
+        self, progress: Any, token: Any, leaders: list[object], spin: float, chunk: float, yield_every: int,
+        main_ident: int,
     ) -> None: ...
     def wait(self, fut: Any, /) -> bool:
         """Poll until ``fut`` is settled (True); False where ``Progress.wait`` must go on."""

@@ -27,9 +27,10 @@
  *       (under future._lazy_lock, as Future._settle_unwatched does) and
  *       closes its port; anything else is fallback(src, frame, buffers),
  *       PortTable's Python handler.
- *   Spin(progress, poll, token, leaders, spin, chunk, yield_every, main_ident)
+ *   Spin(progress, token, leaders, spin, chunk, yield_every, main_ident)
  *       spin.wait(fut) -> bool: Progress.wait's spinning phase for a leader:
- *       take the progress token, poll (NativeWire.poll), give it back,
+ *       take the progress token, poll (progress._poll: NativeWire.poll, or
+ *       what a benchmark's probe put in its place), give it back,
  *       until `fut` is settled (True).  False, at once, for everything that
  *       phase does not cover: the token is busy (a follower), the main
  *       thread may not poll, or `spin` seconds passed without traffic (the
@@ -51,7 +52,7 @@ static double monotonic(void) {
 
 /* Interned attribute names, made once by mpimesh_site_add. */
 static PyObject *s_made, *s_state, *s_result, *s_what_, *s_what, *s_pending, *s_shape, *s_rank, *s_actor, *s_enrolled,
-    *s_polls, *s_post, *s_acquire, *s_release, *s_polled_at, *s_main_thread_polls, *s_link;
+    *s_polls, *s_post, *s_acquire, *s_release, *s_polled_at, *s_main_thread_polls, *s_link, *s_poll;
 
 /* Whether a future's _state is settled (FINISHED or CANCELLED*); -1 with an exception set. */
 static int settled(PyObject *fut) {
@@ -406,6 +407,22 @@ static int replies_init(Replies *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
+/* __func__: the fallback's function, so that the dispatch table names the Python handler this one fronts. */
+static PyObject *replies_get_func(Replies *self, void *closure) {
+    (void)closure;
+    if (self->fallback == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "__func__");
+        return NULL;
+    }
+    if (PyMethod_Check(self->fallback)) return Py_NewRef(PyMethod_GET_FUNCTION(self->fallback));
+    return Py_NewRef(self->fallback);
+}
+
+static PyGetSetDef replies_getset[] = {
+    {"__func__", (getter)replies_get_func, NULL, "the Python handler's function (fallback), for introspection", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyTypeObject RepliesType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mpimesh._native.Replies",
     .tp_basicsize = sizeof(Replies),
@@ -417,6 +434,7 @@ static PyTypeObject RepliesType = {
     .tp_traverse = (traverseproc)replies_traverse,
     .tp_clear = (inquiry)replies_clear,
     .tp_call = PyVectorcall_Call,
+    .tp_getset = replies_getset,
     .tp_vectorcall_offset = offsetof(Replies, vectorcall),
 };
 
@@ -424,7 +442,7 @@ static PyTypeObject RepliesType = {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *progress, *poll, *token, *leaders;
+    PyObject *progress, *token, *leaders;
     double spin, chunk;
     int yield_every;
     unsigned long main_ident;
@@ -432,7 +450,6 @@ typedef struct {
 
 static int spin_traverse(Spin *self, visitproc visit, void *arg) {
     Py_VISIT(self->progress);
-    Py_VISIT(self->poll);
     Py_VISIT(self->token);
     Py_VISIT(self->leaders);
     return 0;
@@ -440,7 +457,6 @@ static int spin_traverse(Spin *self, visitproc visit, void *arg) {
 
 static int spin_clear(Spin *self) {
     Py_CLEAR(self->progress);
-    Py_CLEAR(self->poll);
     Py_CLEAR(self->token);
     Py_CLEAR(self->leaders);
     return 0;
@@ -453,11 +469,10 @@ static void spin_dealloc(Spin *self) {
 }
 
 static int spin_init(Spin *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"progress", "poll", "token", "leaders", "spin", "chunk", "yield_every", "main_ident",
-                            NULL};
-    PyObject *progress, *poll, *token, *leaders;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!ddik:Spin", names, &progress, &poll, &token, &PyList_Type,
-                                     &leaders, &self->spin, &self->chunk, &self->yield_every, &self->main_ident))
+    static char *names[] = {"progress", "token", "leaders", "spin", "chunk", "yield_every", "main_ident", NULL};
+    PyObject *progress, *token, *leaders;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!ddik:Spin", names, &progress, &token, &PyList_Type, &leaders,
+                                     &self->spin, &self->chunk, &self->yield_every, &self->main_ident))
         return -1;
     if (self->yield_every < 1) {
         PyErr_SetString(PyExc_ValueError, "Spin: yield_every must be at least 1");
@@ -466,8 +481,6 @@ static int spin_init(Spin *self, PyObject *args, PyObject *kwds) {
     spin_clear(self);
     Py_INCREF(progress);
     self->progress = progress;
-    Py_INCREF(poll);
-    self->poll = poll;
     Py_INCREF(token);
     self->token = token;
     Py_INCREF(leaders);
@@ -501,11 +514,11 @@ static void leave(Spin *self, PyObject *mine) {
 
 /* spin(fut) -> bool */
 static PyObject *spin_call(Spin *self, PyObject *fut) {
-    PyObject *mine, *result = NULL;
+    PyObject *mine, *poll, *result = NULL;
     double now, last_traffic, chunk;
     long spins = 0;
     int done;
-    if (self->poll == NULL) {
+    if (self->progress == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Spin: never initialised");
         return NULL;
     }
@@ -519,10 +532,12 @@ static PyObject *spin_call(Spin *self, PyObject *fut) {
         Py_DECREF(polls);
         if (may <= 0) return may < 0 ? NULL : Py_NewRef(Py_False);
     }
+    poll = PyObject_GetAttr(self->progress, s_poll);
+    if (poll == NULL) return NULL;
     mine = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type); /* this wait's entry in the leaders */
-    if (mine == NULL) return NULL;
-    if (PyList_Append(self->leaders, mine) < 0) {
-        Py_DECREF(mine);
+    if (mine == NULL || PyList_Append(self->leaders, mine) < 0) {
+        Py_XDECREF(mine);
+        Py_DECREF(poll);
         return NULL;
     }
     now = last_traffic = monotonic();
@@ -537,7 +552,7 @@ static PyObject *spin_call(Spin *self, PyObject *fut) {
             goto out;
         }
         when = PyFloat_FromDouble(chunk);
-        got = when == NULL ? NULL : PyObject_CallOneArg(self->poll, when);
+        got = when == NULL ? NULL : PyObject_CallOneArg(poll, when);
         Py_XDECREF(when);
         if (call_method0(self->token, s_release) < 0) {
             Py_XDECREF(got);
@@ -584,6 +599,7 @@ static PyObject *spin_call(Spin *self, PyObject *fut) {
 out:
     leave(self, mine);
     Py_DECREF(mine);
+    Py_DECREF(poll);
     return result;
 }
 
@@ -624,7 +640,7 @@ int mpimesh_site_add(PyObject *module) {
     INTERN(s_actor, "actor") INTERN(s_enrolled, "enrolled") INTERN(s_polls, "polls") INTERN(s_post, "post")
     INTERN(s_acquire, "acquire") INTERN(s_release, "release") INTERN(s_polled_at, "_polled_at")
     INTERN(s_main_thread_polls, "main_thread_polls")
-    INTERN(s_link, "link")
+    INTERN(s_link, "link") INTERN(s_poll, "_poll")
 #undef INTERN
     if (add_type(module, "Site", &SiteType) < 0 || add_type(module, "Replies", &RepliesType) < 0 ||
         add_type(module, "Spin", &SpinType) < 0)

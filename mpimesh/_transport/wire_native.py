@@ -236,14 +236,14 @@ class NativeWire:
 
     def spinner(self, progress: Any, token: Any, leaders: list[object], spin: float, chunk: float,
                 yield_every: int) -> Callable[[Any], bool] | None:
-        """``Progress.wait``'s spin for a leader in C (``_native.Spin``, native/site.c), polling this wire.
+        """``Progress.wait``'s spin for a leader in C (``_native.Spin``, native/site.c), polling ``progress._poll``.
 
         None when the native part predates it.
         """
         if not hasattr(_native, "Spin"):
             return None
         main = threading.main_thread().ident or 0
-        waiter = _native.Spin(progress, self.poll, token, leaders, spin, chunk, yield_every, main)
+        waiter = _native.Spin(progress, token, leaders, spin, chunk, yield_every, main)
         wait: Callable[[Any], bool] = waiter.wait
         return wait
 
