@@ -177,6 +177,71 @@ class Sender:
     def reap(self) -> int:
         """Drop the completed sends (call it holding the lock); returns those still in flight."""
 
+class CallSite:
+    """A registered call site's ``call_one`` in one C call (see native/call.c).
+
+    Args:
+        sender, out: the native wire's Sender and the actor process's Out.
+        outbox: the wire's outbox (its ``polls``, for the sender's batching).
+        hold: ``hold(data)``: a pickled frame the sender held back for a batch.
+        failed: ``failed(future, port id, exception)``: a send raised.
+        routes: the router's island routes; the site is used while ``routes[addr[0]] is out.link``.
+        open, ids: the PortTable's open ports and its id counter.
+        dead: the processes known dead; multicast: the runtime's (``enrolled``).
+        one_type: ``OneReply``; kind: ``Kind.SITE_CALL``; number: the site's number.
+        addr, shape, rank, actor: the actor's address, the view and rank called, the actor's class.
+    """
+
+    number: int
+    addr: tuple[int, int]
+
+    def __init__(
+        self, sender: Sender, out: Out, outbox: Any, hold: Any, failed: Any, routes: dict[int, Any],
+        open: dict[int, Any], ids: Any, dead: dict[Any, str], multicast: Any, one_type: type, kind: int,
+        number: int, addr: tuple[int, int], shape: Any, rank: int, actor: str,
+    ) -> None: ...
+    def call(self, name: str, what: str, args: tuple[Any, ...], /) -> Any:
+        """Send a SITE_CALL of ``args``: its OneReply, or None for the Python path (a death, a cast, a new route)."""
+
+class Replies:
+    """The REPLY handler: a plain value for a OneReply nobody sleeps on settles in C (see native/call.c).
+
+    Args:
+        open: the PortTable's open ports.
+        fallback: the Python handler, for every other reply.
+        lazy_lock: ``future._lazy_lock``.
+        one_type: ``OneReply``.
+        value_status: ``Status.VALUE``.
+        finished: the state of a settled future (``"FINISHED"``).
+    """
+
+    def __init__(
+        self, open: dict[int, Any], fallback: Any, lazy_lock: Any, one_type: type, value_status: int, finished: str,
+    ) -> None: ...
+    #: the Python handler's function (``fallback``), for introspection: the dispatch table names it
+    __func__: Any
+
+    def __call__(self, src: tuple[int, int], frame: Any, buffers: list[Any], /) -> None: ...
+
+class Spin:
+    """``Progress.wait``'s spinning phase for a leader, in C (see native/call.c).
+
+    Args:
+        progress: the Progress (its ``_poll``, ``main_thread_polls`` and ``_polled_at``).
+        token: the progress token; leaders: Progress's list of leading waits.
+        spin: seconds without traffic after which ``wait`` gives up.
+        chunk: the longest probe of one poll, in seconds.
+        yield_every: yield the CPU every this many empty polls.
+        main_ident: the main thread's ident.
+    """
+
+    def __init__(
+        self, progress: Any, token: Any, leaders: list[object], spin: float, chunk: float, yield_every: int,
+        main_ident: int,
+    ) -> None: ...
+    def wait(self, fut: Any, /) -> bool:
+        """Poll until ``fut`` is settled (True); False where ``Progress.wait`` must go on."""
+
 def cuda_run_time(libpath: str, /) -> tuple[int, str]:
     """Ask the already loaded libmpi at ``libpath``.
 

@@ -43,12 +43,16 @@ Driver = Callable[[Callable[[], bool], Callable[[], threading.Condition], float 
 
 # Set by set_driver, when a runtime is installed; None: waits only sleep.
 _driver: Driver | None = None
+# The driver's spin for one future in C, ``spin(future) -> bool`` (``Progress.spin``, with
+# the native wire), or None: a get() without a timeout tries it before the driver.
+_spin: Callable[[Future[Any]], bool] | None = None
 
 
 def set_driver(driver: Driver | None) -> None:
     """Make every wait on a future drive ``driver`` (``_core.current.install``, at boot)."""
-    global _driver
+    global _driver, _spin
     _driver = driver
+    _spin = getattr(getattr(driver, "__self__", None), "spin", None)
 
 
 class _Lazy:
@@ -191,7 +195,11 @@ class Future(concurrent.futures.Future, Generic[R]):  # type: ignore[type-arg]
             SupervisionError: the remote process or actor failed.
         """
         if self._state != _FINISHED:
-            self._wait(timeout)
+            # The spin in C first (B1: no Python frame per poll); what it does not
+            # cover, and every wait with a timeout, is _wait's.
+            spin = _spin
+            if timeout is not None or spin is None or not spin(self):
+                self._wait(timeout)
         if self._state == _FINISHED and self._exception is None:
             # Without the stdlib's result(): it takes the condition, which
             # would make it for a future nobody ever slept on.

@@ -12,6 +12,8 @@ PyObject *mpimesh_ulfm_beat_start(PyObject *self, PyObject *args);
 PyObject *mpimesh_ulfm_beat_stop(PyObject *self, PyObject *args);
 PyObject *mpimesh_ulfm_beat_hold(PyObject *self, PyObject *args);
 PyObject *mpimesh_ulfm_beat_release(PyObject *self, PyObject *args);
+/* The controller's call_one().get() through a call site (call.c). */
+int mpimesh_call_add(PyObject *module);
 
 static PyObject *cuda_compile_time(PyObject *self, PyObject *unused) {
     (void)self;
@@ -78,6 +80,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (mpimesh_pump_add(m) < 0 || mpimesh_post_add(m) < 0 || mpimesh_site_add(m) < 0)) Py_CLEAR(m);
+    if (m != NULL && (mpimesh_pump_add(m) < 0 || mpimesh_post_add(m) < 0 || mpimesh_site_add(m) < 0 ||
+                      mpimesh_call_add(m) < 0)) Py_CLEAR(m);
     return m;
 }

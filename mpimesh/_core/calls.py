@@ -68,6 +68,7 @@ RawPoint = tuple[int, tuple[str, ...], tuple[int, ...]]
 _NO_BUFFERS: list[Any] = []
 _ATOMS = _serialize.ATOMS
 _site_call = protocol.site_call
+_SITE_CALL = protocol.Kind.SITE_CALL
 
 
 class Here(Protocol):
@@ -156,7 +157,8 @@ class MeshRef:
     stopped; every operation returns at once.
     """
 
-    __slots__ = ("key", "shape", "addrs", "cls", "_targets", "_points", "_sites", "_here", "_owned", "__weakref__")
+    __slots__ = ("key", "shape", "addrs", "cls", "_targets", "_points", "_sites", "_fast", "_here", "_owned",
+                 "__weakref__")
 
     def __init__(self, key: Key, shape: Shape, addrs: tuple[Addr, ...], cls: str = "") -> None:
         self.key = key
@@ -168,6 +170,8 @@ class MeshRef:
         self._points: list[RawPoint] = []
         # method (rank 0) or (method, rank) -> (call site, actor's address), registered from this process
         self._sites: dict[Any, tuple[int, Addr]] = {}
+        # the same keys -> the site's call_one in C (``_native.CallSite``), where the native wire can send it
+        self._fast: dict[Any, Any] = {}
         # whether every actor of this view runs on this process's host, found on the first large cast
         self._here: bool | None = None
         # the spawner's record of the mesh, on the spawner's handles only: a heal re-points them (``repoint``)
@@ -205,6 +209,7 @@ class MeshRef:
         self._targets = None
         self._points = []
         self._sites.clear()
+        self._fast.clear()
         self._here = None
 
     @property
@@ -359,10 +364,17 @@ class MeshRef:
         Raises:
             TypeError: the arguments do not pickle.
         """
-        rt = _current.runtime or _current.current()
         here = method if rank == 0 else (method, rank)
-        site = self._sites.get(here) or self._known_site(rt, here, method, rank)
         plain = not kwargs and len(args) <= 32 and _ATOMS.issuperset(map(type, args))
+        if plain:
+            fast = self._fast.get(here)
+            if fast is not None:
+                # the site's call in C (native/site.c); None: a death, a cast in flight, a new route: below
+                made: OneReply | None = fast.call(name, what, args)
+                if made is not None:
+                    return made
+        rt = _current.runtime or _current.current()
+        site = self._sites.get(here) or self._known_site(rt, here, method, rank)
         if site is not None and plain:
             number, addr = site
             fut = OneReply(name, what, addr, self.shape, rank)
@@ -387,7 +399,7 @@ class MeshRef:
         if _post(rt, addr, frame, buffers, fut, port_id) is None:
             # Sent: the site's CALL is ahead of any later call on this path.
             rt.sites[addr, self.key, method, point] = number
-            self._sites[here] = (number, addr)
+            self._remember(rt, here, number, addr, rank)
         return fut
 
     def _known_site(self, rt: Runtime, here: Any, method: str, rank: int) -> tuple[int, Addr] | None:
@@ -396,7 +408,30 @@ class MeshRef:
         number = rt.sites.get((addr, self.key, method, self._points[rank]))
         if number is None:
             return None
+        return self._remember(rt, here, number, addr, rank)
+
+    def _remember(self, rt: Runtime, here: Any, number: int, addr: Addr, rank: int) -> tuple[int, Addr]:
+        # Keep a registered site for the calls to come, and its call in C where the native wire can send it.
         site = self._sites[here] = (number, addr)
+        router = rt.router
+        make = getattr(router.wire, "_call_site", None)  # the native wire's (native/call.c)
+        way = router.direct_route(addr) if make is not None else None
+        if make is None or way is None or way[2] is None:  # only a route of the island's own (not the parent's)
+            return site
+        link, routes = way[0], way[3]
+        ports = rt.ports
+        opened, ids = ports.table()
+
+        def failed(fut: OneReply, port_id: int, report: str) -> None:
+            # as _post, when the send finds the actor's process failed
+            if fut.fail(addr, report):
+                ports.close(port_id)
+
+        fast = make(link, addr[1], failed, routes=routes, open=opened, ids=ids, dead=rt.dead,
+                    multicast=rt.multicast, one_type=OneReply, kind=_SITE_CALL, number=number, addr=addr,
+                    shape=self.shape, rank=rank, actor=self.cls)
+        if fast is not None:
+            self._fast[here] = fast
         return site
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import ActorError, MeshInternalError, RemoteException, SupervisionError
@@ -372,6 +372,14 @@ class PortTable:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._open: dict[int, Receiver] = {}
+        #: The REPLY frame handler (see ``protocol.reply``): :meth:`take_reply`, or with the
+        #: native wire its C front (``_native.Replies``, native/call.c), which settles a plain
+        #: value for a :class:`OneReply` nobody sleeps on itself and hands it the rest.
+        self.on_reply: Callable[[Addr, Frame, list[Any]], None] = _native_replies(self) or self.take_reply
+
+    def table(self) -> tuple[dict[int, Receiver], Iterator[int]]:
+        """The open ports by id and the id counter, for a sender that opens ports in C (``_native.CallSite``)."""
+        return self._open, self._ids
 
     def open(self, receiver: Receiver) -> int:
         """Register ``receiver``; returns its port id."""
@@ -385,8 +393,8 @@ class PortTable:
         """Forget a port (late replies to it are dropped)."""
         self._open.pop(pid, None)
 
-    def on_reply(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
-        """The REPLY frame handler (see ``protocol.reply``).
+    def take_reply(self, src: Addr, frame: Frame, buffers: list[Any]) -> None:
+        """The REPLY frame handler in Python (see ``protocol.reply``, and :attr:`on_reply`).
 
         A reply to a closed port (a late one, after a failure) is dropped.
         """
@@ -420,6 +428,24 @@ class PortTable:
 
     def __len__(self) -> int:
         return len(self._open)
+
+
+def _native_replies(table: PortTable) -> Callable[[Addr, Frame, list[Any]], None] | None:
+    # The C REPLY handler, where the native wire is in use (bound by make_router, before the
+    # runtime makes its PortTable) and the native part has it.
+    from .._transport import native
+
+    if native.why_not:
+        return None
+    from .. import _native
+    from .. import future as _future
+
+    if not hasattr(_native, "Replies"):
+        return None
+    replies: Callable[[Addr, Frame, list[Any]], None] = _native.Replies(
+        table._open, table.take_reply, _future._lazy_lock, OneReply, _VALUE, _future._FINISHED
+    )
+    return replies
 
 
 # --- the public faces of a port -------------------------------------------------------------------

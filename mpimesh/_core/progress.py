@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._data.registry import registry as _registry
 from ..config import settings
@@ -174,6 +174,16 @@ class Progress:
         #: message (a reply never came; seen in CI), so there the main thread
         #: only waits and the background waiter receives.
         self.main_thread_polls = True
+        #: This wait's spinning phase in C, for a leader waiting on one future
+        #: (the native wire's, native/site.c): ``spin(future) -> bool``, False
+        #: where :meth:`wait` must go on (a follower, the naps, the step back).
+        #: ``Future.get`` tries it first; None on the mpi4py wire.
+        self.spin: Callable[[Any], bool] | None = None
+        spinner = getattr(getattr(poll, "__self__", None), "_spinner", None)
+        if spinner is not None and self._spin > 0:
+            # within the leader's idle time, as in wait(): it never steps back while spinning
+            self.spin = spinner(self, self._token, self._leaders, min(self._spin, self._leader_idle), _SPIN_CHUNK,
+                                _YIELD_EVERY)
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:

@@ -190,7 +190,7 @@ def call_registering(bufsizes: tuple[int, ...] | None, key: Key, method: str, ar
     return (_CALL, bufsizes, key, method, args, reply_port, point, site)
 
 
-_declare(_REPLY, "REPLY", "port_id index status body", "_core.ports.PortTable.on_reply")
+_declare(_REPLY, "REPLY", "port_id index status body", "_core.ports.PortTable.take_reply")
 
 
 def reply(bufsizes: tuple[int, ...] | None, port_id: int, index: int, status: int, body: Any) -> Frame:

@@ -240,6 +240,48 @@ class NativeWire:
 
         return {"outs": link.outs, "sender": self._sender, "outbox": outbox, "hold": hold, "send_failed": send_failed}
 
+    # -- the controller's call sites (native/call.c) ---------------------------
+
+    def _call_site(self, link: Link, dest: int, failed: Callable[[Any, int, str], None], **fields: Any) -> Any:
+        """A call site's sender (``_native.CallSite``, native/call.c): frames to ``dest`` on ``link``, as :meth:`send`.
+
+        ``failed(future, port id, report)`` is called when a send finds its
+        peer failed (``Outbox.send_failed`` raised ConnectionError); the
+        other ``fields`` are the Site's.  None when the native part predates it.
+        """
+        if not hasattr(_native, "CallSite"):
+            return None
+        out = link.outs.get(dest)
+        if out is None:
+            out = link.outs.setdefault(dest, _native.Out(link, dest))
+        outbox = self._outbox
+
+        def hold(data: bytes) -> None:
+            self.post(link, dest, data, NO_BUFFERS)
+
+        def send_failed(fut: Any, port_id: int, exc: BaseException) -> None:
+            if not isinstance(exc, MPI.Exception):
+                raise exc
+            try:
+                outbox.send_failed(link, dest, exc)
+            except ConnectionError as err:
+                failed(fut, port_id, str(err))
+
+        return _native.CallSite(self._sender, out, outbox, hold, send_failed, **fields)
+
+    def _spinner(self, progress: Any, token: Any, leaders: list[object], spin: float, chunk: float,
+                yield_every: int) -> Callable[[Any], bool] | None:
+        """``Progress.wait``'s spin for a leader in C (``_native.Spin``, native/call.c), polling ``progress._poll``.
+
+        None when the native part predates it.
+        """
+        if not hasattr(_native, "Spin"):
+            return None
+        main = threading.main_thread().ident or 0
+        waiter = _native.Spin(progress, token, leaders, spin, chunk, yield_every, main)
+        wait: Callable[[Any], bool] = waiter.wait
+        return wait
+
     # -- receiving ---------------------------------------------------------
 
     def poll(self, spin: float = 0.0) -> int:

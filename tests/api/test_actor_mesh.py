@@ -481,6 +481,110 @@ def test_calls_the_pump_runs_behave_as_the_mailbox_ones(procs: object, echo: obj
         mesh.stop().get(10)
 
 
+def _site_in_c(ref: object, method: str) -> bool:
+    """Whether calls to ``method`` at rank 0 of ``ref`` go through a site in C (``_native.CallSite``).
+
+    They must where the native wire runs and the actor is in another process
+    on this process's island (MPIMESH_WIRE=mpi4py: never).
+    """
+    from mpimesh._core import current as _current
+    from mpimesh._transport.wire_native import NativeWire
+
+    rt = _current.current()
+    fast = method in ref._fast  # type: ignore[attr-defined]
+    target = ref.targets[0]  # type: ignore[attr-defined]
+    way = rt.router.direct_route(target)
+    expected = isinstance(rt.router.wire, NativeWire) and way is not None and way[2] is not None
+    assert fast == expected, (fast, expected)
+    return fast
+
+
+def test_calls_through_a_site_in_c_keep_values_errors_timeouts_and_callbacks(one_proc: object) -> None:
+    """A registered site's call_one().get() in C: values, endpoint errors, get(timeout), callbacks, await."""
+    mesh = one_proc.spawn("sitec", SitePaths)  # type: ignore[attr-defined]
+    slow = one_proc.spawn("sitecslow", Echo)  # type: ignore[attr-defined]
+    try:
+        add, fail, sleep = mesh.add, mesh.fail, slow.sleep_then
+        assert add.call_one(0).get() == 0  # registers the site
+        _site_in_c(mesh._ref, "add")
+        assert [add.call_one(i, 1).get() for i in range(50)] == [i + 1 for i in range(50)]
+        futs = [add.call_one(i) for i in range(20)]  # several in flight: each settles its own
+        assert [f.get() for f in reversed(futs)] == list(reversed(range(20)))
+        assert add.call_one(3).result() == 3
+        for i in range(3):
+            with pytest.raises(ActorError) as info:
+                fail.call_one(i).get()
+            assert str(info.value.exception) == f"boom {i}"
+        seen: list[object] = []
+        fut = add.call_one(4)
+        fut.add_done_callback(lambda f: seen.append(f.result()))  # somebody watches: settled in Python
+        assert fut.get() == 4 and seen == [4]
+
+        async def awaited() -> object:
+            return await add.call_one(5)
+
+        assert asyncio.run(awaited()) == 5
+        assert sleep.call_one(0.0).get() == 0
+        _site_in_c(slow._ref, "sleep_then")
+        late = sleep.call_one(0.3)
+        with pytest.raises(TimeoutError, match=r"^<mpimesh.Future sitecslow.sleep_then.call_one\(\) pending> not done"
+                           r" after 0.01 s; call get\(\) again to keep waiting, or raise the timeout$"):
+            late.get(0.01)
+        assert not late.done() and late.get() == 0 and late.done()
+    finally:
+        mesh.stop().get(10)
+        slow.stop().get(10)
+
+
+def test_calls_through_a_site_in_c_keep_order_with_casts(procs: object) -> None:
+    """SITE_CALLs sent in C and casts to the whole mesh, interleaved, reach the actor in the order sent."""
+    mesh = procs.spawn("sitecorder", Echo)  # type: ignore[attr-defined]
+    try:
+        one = mesh.slice(gpus=0)
+        one.append.call_one(-1).get()
+        _site_in_c(one._ref, "append")
+        futs = []
+        for i in range(300):
+            if i % 4 == 1:
+                mesh.append.broadcast(i)
+            elif i % 9 == 2:
+                futs.append(mesh.append.call(i))
+            else:
+                futs.append(one.append.call_one(i))
+        for f in futs:
+            f.get(30)
+        assert one.history.call_one().get() == [-1, *range(300)]
+        assert mesh.slice(gpus=1).history.call_one().get(30) == [i for i in range(300) if i % 4 == 1 or i % 9 == 2]
+    finally:
+        mesh.stop().get(10)
+
+
+def test_a_failure_while_waiting_in_c_raises_supervision_error(one_proc: object) -> None:
+    """A call through a site in C fails with SupervisionError, in milliseconds, when its process is reported failed."""
+    from mpimesh._core import current as _current
+
+    mesh = one_proc.spawn("sitecdeath", Echo)  # type: ignore[attr-defined]
+    try:
+        one = mesh.sleep_then
+        assert one.call_one(0.0).get() == 0
+        _site_in_c(mesh._ref, "sleep_then")
+        rt = _current.current()
+        addr = mesh._ref.targets[0]
+        fut = one.call_one(1.0)
+        # What a death notice does to the waits on the process (Failures), without killing a shared worker.
+        timer = threading.Timer(0.05, lambda: rt.ports.fail_source(addr, "it died (test)"))
+        timer.start()
+        start = time.monotonic()
+        gone = r"^Endpoint call sitecdeath\.sleep_then\(\) failed, The actor .*sitecdeath.* failed: it died \(test\)$"
+        with pytest.raises(SupervisionError, match=gone):
+            fut.get()
+        assert time.monotonic() - start < 0.9
+        timer.join()
+        assert mesh.sleep_then.call_one(0.0).get(30) == 0  # its late reply was dropped; the actor serves on
+    finally:
+        mesh.stop().get(10)
+
+
 def test_arguments_are_taken_when_the_call_is_made(echo: object) -> None:
     """Mutating an argument after the call (while it waits in a batch) changes nothing."""
     one = echo.slice(gpus=0)  # type: ignore[attr-defined]

@@ -95,3 +95,37 @@ def test_cancel_a_pending_future() -> None:
     assert fut.cancel() and fut.cancelled() and fut.done()
     with pytest.raises(concurrent.futures.CancelledError):
         fut.result(0)
+
+
+def test_get_without_a_timeout_spins_first_and_falls_back_to_the_driver() -> None:
+    """get() tries the driver's spin (``Progress.spin``, in C with the native wire); a timeout goes to the driver."""
+    from mpimesh import future as _future
+
+    class Driver:
+        def __init__(self) -> None:
+            self.spun: list[Future[int]] = []
+            self.waits: list[float | None] = []
+
+        def spin(self, fut: Future[int]) -> bool:
+            self.spun.append(fut)
+            return False  # not settled while spinning: the driver's wait goes on
+
+        def wait(self, done: object, cond: object, timeout: float | None) -> bool:
+            self.waits.append(timeout)
+            if timeout is None:
+                self.spun[-1].set_result(7)
+                return True
+            return False
+
+    driver = Driver()
+    saved = _future._driver
+    _future.set_driver(driver.wait)
+    try:
+        fut: Future[int] = Future("spun")
+        with pytest.raises(TimeoutError, match=r"^<mpimesh.Future spun pending> not done after 0.5 s; "):
+            fut.get(0.5)
+        assert driver.spun == [] and driver.waits == [0.5]  # with a timeout: never the spin
+        assert fut.get() == 7 and driver.spun == [fut] and driver.waits == [0.5, None]
+        assert fut.get() == 7 and len(driver.spun) == 1  # settled: neither
+    finally:
+        _future.set_driver(saved)

@@ -1,0 +1,649 @@
+/* call.c - the controller's half of call_one().get() through a registered call site, in C.
+ *
+ * B1 (issue 30) is one call_one(...).get() of a no-op; its MPI calls were
+ * already in C (pump.c, post.c), its cost was the Python frames around them
+ * (docs/design/data.md, "B1 against a raw round trip").  Three objects take
+ * those frames out of the common case and leave everything else to the
+ * Python path, which they call or hand back to:
+ *
+ *   CallSite(sender, out, outbox, hold, failed, routes, open, ids, dead,
+ *        multicast, one_type, kind, number, addr, shape, rank, actor)
+ *       site.call(name, what, args) -> OneReply | None
+ *           MeshRef.cast_one's call through the registered site `number`
+ *           of the actor at `addr`: make the OneReply (without running
+ *           Python's __init__), open its port in the PortTable (`ports`, the
+ *           open dict, and `ids`, its itertools.count), build the SITE_CALL
+ *           frame and Sender.post it on `out` with the outbox's poll count;
+ *           a frame the sender holds back for a batch goes to hold(data),
+ *           and a send that raises to failed(fut, port id, exception), which
+ *           does what NativeWire.send and calls._post do then.  None, before anything is
+ *           opened or sent, when the Python path must do it: `addr` is known
+ *           dead, a cast down a tree is under way (`multicast.enrolled`:
+ *           frames to actors then travel numbered), or the router's route
+ *           to its island (`routes`) is no longer out's link.
+ *   Replies(open, fallback, lazy_lock, one_type, value_status, finished)
+ *       replies(src, frame, buffers): the REPLY handler.  A plain value for
+ *       a OneReply nobody sleeps on (Future._made false) settles it here
+ *       (under future._lazy_lock, as Future._settle_unwatched does) and
+ *       closes its port; anything else is fallback(src, frame, buffers),
+ *       PortTable's Python handler.
+ *   Spin(progress, token, leaders, spin, chunk, yield_every, main_ident)
+ *       spin.wait(fut) -> bool: Progress.wait's spinning phase for a leader:
+ *       take the progress token, poll (progress._poll: NativeWire.poll, or
+ *       what a benchmark's probe put in its place), give it back,
+ *       until `fut` is settled (True).  False, at once, for everything that
+ *       phase does not cover: the token is busy (a follower), the main
+ *       thread may not poll, or `spin` seconds passed without traffic (the
+ *       naps, the step back to the background waiter and the timeout are
+ *       Progress.wait's).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <sched.h>
+#include <structmember.h>
+#include <time.h>
+
+static double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Interned attribute names, made once by mpimesh_call_add. */
+static PyObject *s_made, *s_state, *s_result, *s_what_, *s_what, *s_pending, *s_shape, *s_rank, *s_actor, *s_enrolled,
+    *s_polls, *s_post, *s_acquire, *s_release, *s_polled_at, *s_main_thread_polls, *s_link, *s_poll;
+
+/* Whether a future's _state is settled (FINISHED or CANCELLED*); -1 with an exception set. */
+static int settled(PyObject *fut) {
+    PyObject *state = PyObject_GetAttr(fut, s_state);
+    int rc;
+    if (state == NULL) return -1;
+    rc = PyUnicode_Check(state) && PyUnicode_CompareWithASCIIString(state, "PENDING") != 0 &&
+         PyUnicode_CompareWithASCIIString(state, "RUNNING") != 0;
+    Py_DECREF(state);
+    return rc;
+}
+
+static int call_method0(PyObject *obj, PyObject *name) {
+    PyObject *rc = PyObject_CallMethodNoArgs(obj, name);
+    if (rc == NULL) return -1;
+    Py_DECREF(rc);
+    return 0;
+}
+
+/* --- Site ----------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *sender, *out, *outbox, *hold, *failed, *routes, *open, *ids, *dead, *multicast, *one_type;
+    PyObject *kind, *number, *addr, *pending, *shape, *rank, *actor;
+} Site;
+
+#define SITE_FIELDS(X) \
+    X(sender) X(out) X(outbox) X(hold) X(failed) X(routes) X(open) X(ids) X(dead) X(multicast) X(one_type) X(kind) X(number) X(addr) X(pending) \
+    X(shape) X(rank) X(actor)
+
+static int site_traverse(Site *self, visitproc visit, void *arg) {
+#define VISIT(f) Py_VISIT(self->f);
+    SITE_FIELDS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int site_clear(Site *self) {
+#define CLEAR(f) Py_CLEAR(self->f);
+    SITE_FIELDS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void site_dealloc(Site *self) {
+    PyObject_GC_UnTrack(self);
+    site_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int site_init(Site *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"sender", "out", "outbox", "hold", "failed", "routes", "open", "ids", "dead",
+                            "multicast", "one_type", "kind", "number", "addr", "shape", "rank", "actor", NULL};
+    PyObject *v[17];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOO!O!OO!OO!OOO!OOO:CallSite", names, &v[0], &v[1], &v[2], &v[3],
+                                     &v[4], &PyDict_Type, &v[5], &PyDict_Type, &v[6], &v[7], &PyDict_Type, &v[8],
+                                     &v[9], &PyType_Type, &v[10], &v[11], &v[12], &PyTuple_Type, &v[13], &v[14],
+                                     &v[15], &v[16]))
+        return -1;
+    if (PyTuple_GET_SIZE(v[13]) != 2) {
+        PyErr_SetString(PyExc_ValueError, "CallSite: addr must be an (island, rank) tuple");
+        return -1;
+    }
+    site_clear(self);
+    self->pending = PyTuple_Pack(1, v[13]);
+    if (self->pending == NULL) return -1;
+#define TAKE(f, i) \
+    Py_INCREF(v[i]); \
+    self->f = v[i];
+    TAKE(sender, 0) TAKE(out, 1) TAKE(outbox, 2) TAKE(hold, 3) TAKE(failed, 4) TAKE(routes, 5) TAKE(open, 6)
+    TAKE(ids, 7) TAKE(dead, 8) TAKE(multicast, 9) TAKE(one_type, 10) TAKE(kind, 11) TAKE(number, 12)
+    TAKE(addr, 13) TAKE(shape, 14) TAKE(rank, 15) TAKE(actor, 16)
+#undef TAKE
+    return 0;
+}
+
+/* Whether the Python path must take this call (1), or not (0); -1 with an exception set. */
+static int site_unusual(Site *self) {
+    PyObject *enrolled, *link, *route;
+    int rc;
+    route = PyDict_GetItemWithError(self->routes, PyTuple_GET_ITEM(self->addr, 0));
+    if (route == NULL) return PyErr_Occurred() ? -1 : 1;
+    link = PyObject_GetAttr(self->out, s_link);
+    if (link == NULL) return -1;
+    Py_DECREF(link);
+    if (link != route) return 1;
+    if (PyDict_GET_SIZE(self->dead) > 0) {
+        rc = PyDict_Contains(self->dead, self->addr);
+        if (rc != 0) return rc;
+    }
+    enrolled = PyObject_GetAttr(self->multicast, s_enrolled);
+    if (enrolled == NULL) return -1;
+    rc = PyObject_IsTrue(enrolled);
+    Py_DECREF(enrolled);
+    return rc;
+}
+
+/* A OneReply for this call, made as OneReply.__init__ makes it (new reference). */
+static PyObject *site_future(Site *self, PyObject *name, PyObject *what) {
+    PyTypeObject *type = (PyTypeObject *)self->one_type;
+    PyObject *empty = PyTuple_New(0), *fut;
+    if (empty == NULL) return NULL;
+    fut = type->tp_new(type, empty, NULL);
+    Py_DECREF(empty);
+    if (fut == NULL) return NULL;
+    if (PyObject_SetAttr(fut, s_what_, name) < 0 || PyObject_SetAttr(fut, s_what, what) < 0 ||
+        PyObject_SetAttr(fut, s_pending, self->pending) < 0 || PyObject_SetAttr(fut, s_shape, self->shape) < 0 ||
+        PyObject_SetAttr(fut, s_rank, self->rank) < 0 || PyObject_SetAttr(fut, s_actor, self->actor) < 0) {
+        Py_DECREF(fut);
+        return NULL;
+    }
+    return fut;
+}
+
+/* Send frame on out as NativeWire.send does, for fut on port pid: 0 done, -1 error. */
+static int site_send(Site *self, PyObject *frame, PyObject *fut, PyObject *pid) {
+    PyObject *polls, *argv[4], *data;
+    polls = PyObject_GetAttr(self->outbox, s_polls);
+    if (polls == NULL) return -1;
+    argv[0] = self->sender;
+    argv[1] = self->out;
+    argv[2] = frame;
+    argv[3] = polls;
+    data = PyObject_VectorcallMethod(s_post, argv, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(polls);
+    if (data == NULL) {
+        /* an MPI error (a peer's failure among them): failed() does what the Python path does */
+        PyObject *type, *value, *tb, *rc;
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL) PyException_SetTraceback(value, tb);
+        rc = PyObject_CallFunctionObjArgs(self->failed, fut, pid, value, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        if (rc == NULL) return -1;
+        Py_DECREF(rc);
+        return 0;
+    }
+    if (data != Py_None) {
+        /* to be held back for a batch (Outbox.post) */
+        PyObject *rc = PyObject_CallOneArg(self->hold, data);
+        Py_DECREF(data);
+        if (rc == NULL) return -1;
+        Py_DECREF(rc);
+        return 0;
+    }
+    Py_DECREF(data);
+    return 0;
+}
+
+/* call(name, what, args) -> OneReply | None */
+static PyObject *site_call(Site *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *fut, *pid, *frame;
+    int rc;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "CallSite.call(name, what, args) takes 3 arguments");
+        return NULL;
+    }
+    if (self->sender == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "CallSite.call: the Site was never initialised");
+        return NULL;
+    }
+    rc = site_unusual(self);
+    if (rc < 0) return NULL;
+    if (rc) Py_RETURN_NONE;
+    fut = site_future(self, args[0], args[1]);
+    if (fut == NULL) return NULL;
+    pid = PyIter_Next(self->ids);
+    if (pid == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "CallSite.call: the port ids ran out");
+        Py_DECREF(fut);
+        return NULL;
+    }
+    if (PyDict_SetItem(self->open, pid, fut) < 0) goto fail;
+    frame = PyTuple_Pack(5, self->kind, Py_None, self->number, pid, args[2]);
+    if (frame == NULL) goto close;
+    rc = site_send(self, frame, fut, pid);
+    Py_DECREF(frame);
+    if (rc < 0) goto close;
+    Py_DECREF(pid);
+    return fut;
+close: {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (PyDict_DelItem(self->open, pid) < 0) PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+}
+fail:
+    Py_DECREF(pid);
+    Py_DECREF(fut);
+    return NULL;
+}
+
+static PyMethodDef site_methods[] = {
+    {"call", (PyCFunction)(void (*)(void))site_call, METH_FASTCALL,
+     "call(name, what, args) -> OneReply | None\n\nCall through the site; None: take the Python path (native/call.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef site_members[] = {
+    {"number", T_OBJECT, offsetof(Site, number), READONLY, "the call site's number"},
+    {"addr", T_OBJECT, offsetof(Site, addr), READONLY, "the actor's address"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SiteType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mpimesh._native.CallSite",
+    .tp_basicsize = sizeof(Site),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A registered call site's call_one in one C call (see native/call.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)site_init,
+    .tp_dealloc = (destructor)site_dealloc,
+    .tp_traverse = (traverseproc)site_traverse,
+    .tp_clear = (inquiry)site_clear,
+    .tp_methods = site_methods,
+    .tp_members = site_members,
+};
+
+/* --- Replies -------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *open, *fallback, *lock, *one_type, *finished;
+    long value;
+} Replies;
+
+static int replies_traverse(Replies *self, visitproc visit, void *arg) {
+    Py_VISIT(self->open);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->lock);
+    Py_VISIT(self->one_type);
+    Py_VISIT(self->finished);
+    return 0;
+}
+
+static int replies_clear(Replies *self) {
+    Py_CLEAR(self->open);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->lock);
+    Py_CLEAR(self->one_type);
+    Py_CLEAR(self->finished);
+    return 0;
+}
+
+static void replies_dealloc(Replies *self) {
+    PyObject_GC_UnTrack(self);
+    replies_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Settle fut with value as Future._settle_unwatched does: 1 done, 0 not (the Python path must), -1 error. */
+static int settle_unwatched(Replies *self, PyObject *fut, PyObject *value) {
+    PyObject *made = PyObject_GetAttr(fut, s_made);
+    int rc = 0, busy;
+    if (made == NULL) return -1;
+    busy = PyObject_IsTrue(made);
+    Py_DECREF(made);
+    if (busy) return busy < 0 ? -1 : 0;
+    if (call_method0(self->lock, s_acquire) < 0) return -1;
+    /* again under the lock: a thread making the condition now sees the state settled */
+    made = PyObject_GetAttr(fut, s_made);
+    if (made == NULL) {
+        rc = -1;
+    } else {
+        busy = PyObject_IsTrue(made);
+        Py_DECREF(made);
+        if (busy != 0) {
+            rc = busy < 0 ? -1 : 0;
+        } else if ((rc = settled(fut)) == 0) {
+            rc = (PyObject_SetAttr(fut, s_result, value) < 0 || PyObject_SetAttr(fut, s_state, self->finished) < 0)
+                     ? -1
+                     : 1;
+        } else if (rc > 0) {
+            rc = 0; /* settled already: deliver says what happens */
+        }
+    }
+    if (rc < 0) {
+        PyObject *type, *value_, *tb;
+        PyErr_Fetch(&type, &value_, &tb);
+        if (call_method0(self->lock, s_release) < 0) PyErr_Clear();
+        PyErr_Restore(type, value_, tb);
+        return -1;
+    }
+    if (call_method0(self->lock, s_release) < 0) return -1;
+    return rc;
+}
+
+static PyObject *replies_vectorcall(Replies *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *frame, *pid, *recv;
+    if (nargs != 3 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Replies(src, frame, buffers) takes 3 positional arguments");
+        return NULL;
+    }
+    frame = args[1];
+    if (self->open != NULL && PyTuple_Check(frame) && PyTuple_GET_SIZE(frame) == 6) {
+        long status = PyLong_AsLong(PyTuple_GET_ITEM(frame, 4));
+        if (status == -1 && PyErr_Occurred()) PyErr_Clear(); /* not an int: the Python path's to judge */
+        else if (status == self->value) {
+            pid = PyTuple_GET_ITEM(frame, 2);
+            recv = PyDict_GetItemWithError(self->open, pid);
+            if (recv == NULL && PyErr_Occurred()) return NULL;
+            if (recv != NULL && (PyObject *)Py_TYPE(recv) == self->one_type) {
+                int rc;
+                Py_INCREF(recv);
+                rc = settle_unwatched(self, recv, PyTuple_GET_ITEM(frame, 5));
+                Py_DECREF(recv);
+                if (rc < 0) return NULL;
+                if (rc > 0) {
+                    /* the one reply came: the port closes (pop: a failure may have closed it meanwhile) */
+                    if (PyDict_DelItem(self->open, pid) < 0) {
+                        if (!PyErr_ExceptionMatches(PyExc_KeyError)) return NULL;
+                        PyErr_Clear();
+                    }
+                    Py_RETURN_NONE;
+                }
+            }
+        }
+    }
+    if (self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Replies: never initialised");
+        return NULL;
+    }
+    return PyObject_Vectorcall(self->fallback, args, nargs, NULL);
+}
+
+static int replies_init(Replies *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"open", "fallback", "lazy_lock", "one_type", "value_status", "finished", NULL};
+    PyObject *open, *fallback, *lock, *one_type, *finished;
+    long value;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!lO:Replies", names, &PyDict_Type, &open, &fallback, &lock,
+                                     &PyType_Type, &one_type, &value, &finished))
+        return -1;
+    replies_clear(self);
+    Py_INCREF(open);
+    self->open = open;
+    Py_INCREF(fallback);
+    self->fallback = fallback;
+    Py_INCREF(lock);
+    self->lock = lock;
+    Py_INCREF(one_type);
+    self->one_type = one_type;
+    Py_INCREF(finished);
+    self->finished = finished;
+    self->value = value;
+    self->vectorcall = (vectorcallfunc)replies_vectorcall;
+    return 0;
+}
+
+/* __func__: the fallback's function, so that the dispatch table names the Python handler this one fronts. */
+static PyObject *replies_get_func(Replies *self, void *closure) {
+    (void)closure;
+    if (self->fallback == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "__func__");
+        return NULL;
+    }
+    if (PyMethod_Check(self->fallback)) return Py_NewRef(PyMethod_GET_FUNCTION(self->fallback));
+    return Py_NewRef(self->fallback);
+}
+
+static PyGetSetDef replies_getset[] = {
+    {"__func__", (getter)replies_get_func, NULL, "the Python handler's function (fallback), for introspection", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RepliesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mpimesh._native.Replies",
+    .tp_basicsize = sizeof(Replies),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The REPLY handler: a plain value for a OneReply settles in C (see native/call.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)replies_init,
+    .tp_dealloc = (destructor)replies_dealloc,
+    .tp_traverse = (traverseproc)replies_traverse,
+    .tp_clear = (inquiry)replies_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_getset = replies_getset,
+    .tp_vectorcall_offset = offsetof(Replies, vectorcall),
+};
+
+/* --- Spin ----------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *progress, *token, *leaders;
+    double spin, chunk;
+    int yield_every;
+    unsigned long main_ident;
+} Spin;
+
+static int spin_traverse(Spin *self, visitproc visit, void *arg) {
+    Py_VISIT(self->progress);
+    Py_VISIT(self->token);
+    Py_VISIT(self->leaders);
+    return 0;
+}
+
+static int spin_clear(Spin *self) {
+    Py_CLEAR(self->progress);
+    Py_CLEAR(self->token);
+    Py_CLEAR(self->leaders);
+    return 0;
+}
+
+static void spin_dealloc(Spin *self) {
+    PyObject_GC_UnTrack(self);
+    spin_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int spin_init(Spin *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"progress", "token", "leaders", "spin", "chunk", "yield_every", "main_ident", NULL};
+    PyObject *progress, *token, *leaders;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!ddik:Spin", names, &progress, &token, &PyList_Type, &leaders,
+                                     &self->spin, &self->chunk, &self->yield_every, &self->main_ident))
+        return -1;
+    if (self->yield_every < 1) {
+        PyErr_SetString(PyExc_ValueError, "Spin: yield_every must be at least 1");
+        return -1;
+    }
+    spin_clear(self);
+    Py_INCREF(progress);
+    self->progress = progress;
+    Py_INCREF(token);
+    self->token = token;
+    Py_INCREF(leaders);
+    self->leaders = leaders;
+    return 0;
+}
+
+/* token.acquire(False): 1 taken, 0 busy, -1 error. */
+static int try_token(Spin *self) {
+    PyObject *rc = PyObject_CallMethodOneArg(self->token, s_acquire, Py_False);
+    int taken;
+    if (rc == NULL) return -1;
+    taken = PyObject_IsTrue(rc);
+    Py_DECREF(rc);
+    return taken;
+}
+
+/* Remove the first `mine` from the leaders (Progress.wait's entry of this wait). */
+static void leave(Spin *self, PyObject *mine) {
+    PyObject *type, *value, *tb;
+    Py_ssize_t i;
+    PyErr_Fetch(&type, &value, &tb);
+    for (i = 0; i < PyList_GET_SIZE(self->leaders); i++) {
+        if (PyList_GET_ITEM(self->leaders, i) == mine) {
+            if (PyList_SetSlice(self->leaders, i, i + 1, NULL) < 0) PyErr_Clear();
+            break;
+        }
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+/* spin(fut) -> bool */
+static PyObject *spin_call(Spin *self, PyObject *fut) {
+    PyObject *mine, *poll, *result = NULL;
+    double now, last_traffic, chunk;
+    long spins = 0;
+    int done;
+    if (self->progress == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Spin: never initialised");
+        return NULL;
+    }
+    done = settled(fut);
+    if (done != 0) return done < 0 ? NULL : Py_NewRef(Py_True);
+    if (PyThread_get_thread_ident() == self->main_ident) {
+        PyObject *polls = PyObject_GetAttr(self->progress, s_main_thread_polls);
+        int may;
+        if (polls == NULL) return NULL;
+        may = PyObject_IsTrue(polls);
+        Py_DECREF(polls);
+        if (may <= 0) return may < 0 ? NULL : Py_NewRef(Py_False);
+    }
+    poll = PyObject_GetAttr(self->progress, s_poll);
+    if (poll == NULL) return NULL;
+    mine = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type); /* this wait's entry in the leaders */
+    if (mine == NULL || PyList_Append(self->leaders, mine) < 0) {
+        Py_XDECREF(mine);
+        Py_DECREF(poll);
+        return NULL;
+    }
+    now = last_traffic = monotonic();
+    chunk = self->chunk;
+    for (;;) {
+        PyObject *got, *when;
+        long handled;
+        int taken = try_token(self);
+        if (taken < 0) goto out;
+        if (!taken) {
+            result = Py_NewRef(Py_False); /* another thread polls: Progress.wait follows */
+            goto out;
+        }
+        when = PyFloat_FromDouble(chunk);
+        got = when == NULL ? NULL : PyObject_CallOneArg(poll, when);
+        Py_XDECREF(when);
+        if (call_method0(self->token, s_release) < 0) {
+            Py_XDECREF(got);
+            goto out;
+        }
+        if (got == NULL) goto out;
+        handled = PyLong_AsLong(got);
+        Py_DECREF(got);
+        if (handled == -1 && PyErr_Occurred()) goto out;
+        when = PyFloat_FromDouble(now);
+        if (when == NULL || PyObject_SetAttr(self->progress, s_polled_at, when) < 0) {
+            Py_XDECREF(when);
+            goto out;
+        }
+        Py_DECREF(when);
+        done = settled(fut);
+        if (done != 0) {
+            if (done > 0) result = Py_NewRef(Py_True);
+            goto out;
+        }
+        now = monotonic();
+        if (handled) {
+            last_traffic = now;
+            continue;
+        }
+        if (now - last_traffic >= self->spin) {
+            result = Py_NewRef(Py_False); /* no traffic for the spin's length: Progress.wait naps */
+            goto out;
+        }
+        chunk = self->spin - (now - last_traffic);
+        if (chunk > self->chunk) chunk = self->chunk;
+        if (++spins % self->yield_every == 0) {
+            /* let the other processes of an oversubscribed node (and our other threads) run */
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+            done = settled(fut);
+            if (done != 0) {
+                if (done > 0) result = Py_NewRef(Py_True);
+                goto out;
+            }
+        }
+    }
+out:
+    leave(self, mine);
+    Py_DECREF(mine);
+    Py_DECREF(poll);
+    return result;
+}
+
+static PyMethodDef spin_methods[] = {
+    {"wait", (PyCFunction)spin_call, METH_O,
+     "wait(fut) -> bool\n\nProgress.wait's spin for a leader, until fut is settled; False: not covered here."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SpinType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mpimesh._native.Spin",
+    .tp_basicsize = sizeof(Spin),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Progress.wait's spinning phase in C (see native/call.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)spin_init,
+    .tp_dealloc = (destructor)spin_dealloc,
+    .tp_traverse = (traverseproc)spin_traverse,
+    .tp_clear = (inquiry)spin_clear,
+    .tp_methods = spin_methods,
+};
+
+static int add_type(PyObject *module, const char *name, PyTypeObject *type) {
+    if (PyType_Ready(type) < 0) return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
+int mpimesh_call_add(PyObject *module) {
+#define INTERN(var, text) \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) return -1;
+    INTERN(s_made, "_made") INTERN(s_state, "_state") INTERN(s_result, "_result") INTERN(s_what_, "_what")
+    INTERN(s_what, "what") INTERN(s_pending, "pending") INTERN(s_shape, "shape") INTERN(s_rank, "rank")
+    INTERN(s_actor, "actor") INTERN(s_enrolled, "enrolled") INTERN(s_polls, "polls") INTERN(s_post, "post")
+    INTERN(s_acquire, "acquire") INTERN(s_release, "release") INTERN(s_polled_at, "_polled_at")
+    INTERN(s_main_thread_polls, "main_thread_polls")
+    INTERN(s_link, "link") INTERN(s_poll, "_poll")
+#undef INTERN
+    if (add_type(module, "CallSite", &SiteType) < 0 || add_type(module, "Replies", &RepliesType) < 0 ||
+        add_type(module, "Spin", &SpinType) < 0)
+        return -1;
+    return 0;
+}
