@@ -182,7 +182,7 @@ native = Extension(
     NATIVE,
     sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c", "native/pump.c", "native/post.c",
              "native/beat.c", "native/ulfm_beat.c", "native/site.c", "native/call.c"],
-    depends=["native/compat.h", "native/cuda_aware.h", "native/wire.h", "native/site.h"],
+    depends=["native/clock.h", "native/compat.h", "native/cuda_aware.h", "native/wire.h", "native/site.h"],
     include_dirs=["native"],
     libraries=["dl"],
     optional=True,

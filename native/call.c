@@ -44,11 +44,7 @@
 #include <structmember.h>
 #include <time.h>
 
-static double monotonic(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "clock.h"
 
 /* Interned attribute names, made once by mpimesh_call_add. */
 static PyObject *s_made, *s_state, *s_result, *s_what_, *s_what, *s_pending, *s_shape, *s_rank, *s_actor, *s_enrolled,
@@ -540,7 +536,7 @@ static PyObject *spin_call(Spin *self, PyObject *fut) {
         Py_DECREF(poll);
         return NULL;
     }
-    now = last_traffic = monotonic();
+    now = last_traffic = mpimesh_monotonic();
     chunk = self->chunk;
     for (;;) {
         PyObject *got, *when;
@@ -573,7 +569,7 @@ static PyObject *spin_call(Spin *self, PyObject *fut) {
             if (done > 0) result = Py_NewRef(Py_True);
             goto out;
         }
-        now = monotonic();
+        now = mpimesh_monotonic();
         if (handled) {
             last_traffic = now;
             continue;

@@ -34,6 +34,8 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "clock.h"
+
 /* --- Out ------------------------------------------------------------------ */
 
 typedef struct {
@@ -154,12 +156,6 @@ typedef struct {
     Flight *flights; /* sends in flight, oldest first: [head, count) */
     Py_ssize_t head, count, cap;
 } Sender;
-
-static double monotonic(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int sender_traverse(Sender *self, visitproc visit, void *arg) {
     Py_VISIT(self->acquire);
@@ -311,7 +307,7 @@ static PyObject *sender_post(Sender *self, PyObject *const *args, Py_ssize_t nar
     argv[1] = self->protocol;
     data = PyObject_Vectorcall(self->dumps, argv, 2, NULL);
     if (data == NULL) return NULL;
-    now = monotonic();
+    now = mpimesh_monotonic();
     if (call_noargs(self->acquire) < 0) {
         Py_DECREF(data);
         return NULL;

@@ -42,6 +42,8 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "clock.h"
+
 typedef struct {
     PyObject_HEAD
     PyObject *acquire, *release; /* the router lock's bound methods */
@@ -60,12 +62,6 @@ typedef struct {
     double heard_controller;
     long long frames_in;
 } Pump;
-
-static double monotonic(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int pump_traverse(Pump *self, visitproc visit, void *arg) {
     Py_VISIT(self->acquire);
@@ -137,7 +133,7 @@ static int pump_init(Pump *self, PyObject *args, PyObject *kwds) {
     self->sites = Py_None;
     self->site_kind = -1;
     self->n = 0;
-    self->heard_controller = monotonic();
+    self->heard_controller = mpimesh_monotonic();
     return self->sources == NULL ? -1 : 0;
 }
 
@@ -264,7 +260,7 @@ static int handler_failed(Pump *self, PyObject *kind, PyObject *source) {
 /* Hand the frames of got to their handlers; returns the number not heartbeats, or -1. */
 static Py_ssize_t dispatch(Pump *self, PyObject *got) {
     Py_ssize_t i, count = PyList_GET_SIZE(got), quiet = 0;
-    double now = monotonic();
+    double now = mpimesh_monotonic();
     PyObject *now_obj = NULL;
     int track = PyDict_Check(self->heard);
     for (i = 0; i < count; i++) {

@@ -49,6 +49,8 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "clock.h"
+
 #include "pythread.h"
 
 /* --- Lane ----------------------------------------------------------------- */
@@ -224,12 +226,6 @@ static PyTypeObject SiteType = {
 
 static PyObject *str_calls, *str_busy, *str_phase, *str_polls, *str_post, *one;
 
-static double monotonic(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* serialize.ATOMS: answered in the frame itself */
 static int is_atom(PyObject *value) {
     return value == Py_None || PyLong_CheckExact(value) || PyBool_Check(value) || PyFloat_CheckExact(value) ||
@@ -288,7 +284,7 @@ static int run(Site *self, PyObject *out, PyObject *pid, PyObject *args) {
     rc = PyObject_SetAttr(self->cell, str_calls, calls);
     Py_DECREF(calls);
     if (rc < 0) return -1;
-    now = PyFloat_FromDouble(monotonic());
+    now = PyFloat_FromDouble(mpimesh_monotonic());
     if (now == NULL) return -1;
     busy = PyTuple_Pack(2, self->method, now);
     Py_DECREF(now);

@@ -163,6 +163,15 @@ PyObject *mpimesh_ulfm_beat_start(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The TimeoutError of a stop or hold whose wait for the thread's MPI_Iprobe passed `bound` seconds; NULL. */
+static PyObject *stuck(const char *what, double bound, const char *outcome) {
+    char text[192];
+    snprintf(text, sizeof text, "%s: the thread's MPI_Iprobe has not returned within %g s (MPI's progress is stuck); %s",
+             what, bound, outcome); /* PyErr_Format has no %g */
+    PyErr_SetString(PyExc_TimeoutError, text);
+    return NULL;
+}
+
 PyObject *mpimesh_ulfm_beat_stop(PyObject *self, PyObject *args) {
     double bound = 30.0;
     long n;
@@ -172,14 +181,8 @@ PyObject *mpimesh_ulfm_beat_stop(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     rc = halt(bound);
     Py_END_ALLOW_THREADS
-    if (rc == ETIMEDOUT) {
-        /* the caller must not finalize MPI now: the thread may still be in MPI */
-        char text[192];
-        snprintf(text, sizeof text, "ulfm_beat_stop: the thread's MPI_Iprobe has not returned within %g s "
-                 "(MPI's progress is stuck); the thread still runs", bound); /* PyErr_Format has no %g */
-        PyErr_SetString(PyExc_TimeoutError, text);
-        return NULL;
-    }
+    if (rc == ETIMEDOUT) /* the caller must not finalize MPI now: the thread may still be in MPI */
+        return stuck("ulfm_beat_stop", bound, "the thread still runs");
     if (rc != 0) return PyErr_Format(PyExc_OSError, "ulfm_beat_stop: pthread_mutex_timedlock failed (error %d)", rc);
     pthread_mutex_lock(&lock);
     n = wakes;
@@ -201,14 +204,8 @@ PyObject *mpimesh_ulfm_beat_hold(PyObject *self, PyObject *args) {
         pthread_mutex_unlock(&lock);
     }
     Py_END_ALLOW_THREADS
-    if (rc == ETIMEDOUT) {
-        /* an MPI_Iprobe that does not return: MPI's progress is stuck, and a communicator made now would be too */
-        char text[160];
-        snprintf(text, sizeof text, "ulfm_beat_hold: the thread's MPI_Iprobe has not returned within %g s "
-                 "(MPI's progress is stuck); not held", bound); /* PyErr_Format has no %g */
-        PyErr_SetString(PyExc_TimeoutError, text);
-        return NULL;
-    }
+    if (rc == ETIMEDOUT) /* MPI's progress is stuck, and a communicator made now would be too */
+        return stuck("ulfm_beat_hold", bound, "not held");
     if (rc != 0) return PyErr_Format(PyExc_OSError, "ulfm_beat_hold: pthread_mutex_timedlock failed (error %d)", rc);
     Py_RETURN_NONE;
 }

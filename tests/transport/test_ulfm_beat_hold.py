@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,8 +51,8 @@ def slow_libmpi(tmp_path: Path) -> tuple[str, ctypes.CDLL]:
     return str(lib), ctypes.CDLL(str(lib))
 
 
-def test_a_hold_gives_up_at_its_bound_while_an_iprobe_does_not_return(slow_libmpi: tuple[str, ctypes.CDLL]) -> None:
-    """A hold raises TimeoutError within its bound, not after the stuck call, and leaves nothing held."""
+def _polling_in_slow_iprobe(slow_libmpi: tuple[str, ctypes.CDLL]) -> Any:
+    """The native module, its beat thread started on the slow library and inside its first MPI_Iprobe."""
     try:
         from mpimesh import _native
     except ImportError:
@@ -59,11 +60,19 @@ def test_a_hold_gives_up_at_its_bound_while_an_iprobe_does_not_return(slow_libmp
     path, lib = slow_libmpi
     entered = ctypes.c_int.in_dll(lib, "entered")
     _native.ulfm_beat_start(path, 0, 0.001, 1)
+    deadline = time.monotonic() + 10
+    while not entered.value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not entered.value:
+        _native.ulfm_beat_stop()
+        pytest.fail("the thread never polled")
+    return _native
+
+
+def test_a_hold_gives_up_at_its_bound_while_an_iprobe_does_not_return(slow_libmpi: tuple[str, ctypes.CDLL]) -> None:
+    """A hold raises TimeoutError within its bound, not after the stuck call, and leaves nothing held."""
+    _native = _polling_in_slow_iprobe(slow_libmpi)
     try:
-        deadline = time.monotonic() + 10
-        while not entered.value and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert entered.value, "the thread never polled"
         start = time.monotonic()
         with pytest.raises(TimeoutError, match=r"^ulfm_beat_hold: the thread's MPI_Iprobe has not returned within "
                                                r"0\.2 s \(MPI's progress is stuck\); not held$"):
@@ -94,18 +103,9 @@ def test_held_raises_and_releases_nothing_when_the_hold_times_out(monkeypatch: p
 
 def test_a_stop_gives_up_at_its_bound_while_an_iprobe_does_not_return(slow_libmpi: tuple[str, ctypes.CDLL]) -> None:
     """A stop raises TimeoutError within its bound and leaves the thread running; a later stop ends it."""
+    path, _ = slow_libmpi
+    _native = _polling_in_slow_iprobe(slow_libmpi)
     try:
-        from mpimesh import _native
-    except ImportError:
-        pytest.skip("the native part is not built")
-    path, lib = slow_libmpi
-    entered = ctypes.c_int.in_dll(lib, "entered")
-    _native.ulfm_beat_start(path, 0, 0.001, 1)
-    try:
-        deadline = time.monotonic() + 10
-        while not entered.value and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert entered.value, "the thread never polled"
         start = time.monotonic()
         with pytest.raises(TimeoutError, match=r"^ulfm_beat_stop: the thread's MPI_Iprobe has not returned within "
                                                r"0\.2 s \(MPI's progress is stuck\); the thread still runs$"):
