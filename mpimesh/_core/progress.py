@@ -124,6 +124,31 @@ def _tighten_timer_slack() -> None:
         pass
 
 
+def _sleep_on(cond: threading.Condition, done: Callable[[], object], pause: float) -> None:
+    """``cond.wait(pause)`` unless ``done()``; an interrupt anywhere in it comes out as itself.
+
+    CPython's ``Condition.wait`` releases the lock before entering the ``try``
+    that takes it back: a KeyboardInterrupt landing in between (a notebook's
+    interrupt of a cell in ``fut.get()``; seen in CI) leaves it released, and
+    the ``with`` then raised "cannot release un-acquired lock" over the
+    interrupt.  That interrupt is raised instead.  The lock is taken and
+    released by a ``with`` on the lock itself, not on the condition: its
+    ``__enter__`` and ``__exit__`` are Python functions, where an interrupt
+    can land before the lock's own, and leave it held for good (every later
+    settling of the future would hang on it).
+    """
+    lock: Any = cond._lock  # type: ignore[attr-defined]
+    try:
+        with lock:
+            if not done():
+                cond.wait(pause)
+    except RuntimeError as error:
+        interrupt = error.__context__
+        if interrupt is None or cond._is_owned():  # type: ignore[attr-defined]
+            raise
+        raise interrupt from None
+
+
 class Progress:
     """The progress token and the waiting discipline around it.
 
@@ -288,9 +313,7 @@ class Progress:
                 else:
                     pause = self._max_sleep if leading else _FOLLOWER_WAIT
                 sleeper = cond if isinstance(cond, threading.Condition) else cond()
-                with sleeper:
-                    if not done():
-                        sleeper.wait(min(pause, end - now))
+                _sleep_on(sleeper, done, min(pause, end - now))
                 if done():
                     return True
                 now = time.monotonic()
@@ -408,6 +431,4 @@ class Progress:
                         self._rung = backoff.last
                     backoff.reset()
                 continue
-            with cond:
-                if not done():
-                    cond.wait(pause)
+            _sleep_on(cond, done, pause)
