@@ -101,6 +101,13 @@ class Config:
             where a pending accept or connect holds up no other MPI call),
             ``always`` or ``never`` (every pair on the relay);
             docs/design/transport.md, "Direct links between islands".
+        preload: Modules that a new actor's process imports while the actor
+            is created, of those its creator has loaded (``MPIMESH_PRELOAD``:
+            comma-separated names, default ``torch``; ``none`` for none).
+            Without it, a worker imports torch at the first tensor it
+            unpickles: that call takes ~1.3 s more (docs/design/hosts.md, 3.3);
+            with it, every new worker of a torch program pays ``import torch``
+            (2.5 s of CPU here) even if it never sees a tensor.
         dashboard: Serve the job's live dashboard from the controller
             (``MPIMESH_DASHBOARD=[HOST:]PORT``; unset or empty: none; ``mpimesh
             run --dashboard`` sets it): on ``127.0.0.1`` unless a host is given,
@@ -131,6 +138,7 @@ class Config:
     cast_tree_min: int = 16
     cast_near_direct: int = 1 << 20
     island_links: str = "auto"
+    preload: tuple[str, ...] = ("torch",)
     dashboard: str = ""
 
 
@@ -189,6 +197,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         cast_tree_min=int(_number(env, "MPIMESH_CAST_TREE_MIN", Config.cast_tree_min, minimum=2.0)),
         cast_near_direct=int(_number(env, "MPIMESH_CAST_NEAR_DIRECT", Config.cast_near_direct)),
         island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("auto", "always", "never")),
+        preload=_modules(env, "MPIMESH_PRELOAD", Config.preload),
         dashboard=_dashboard(env),
     )
 
@@ -222,6 +231,23 @@ def _choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> 
         listed = ", ".join(choices[:-1]) + f" or {choices[-1]}"
         raise ValueError(f"{name} must be {listed}, got {raw!r}; unset it or use e.g. {name}={choices[0]}")
     return value
+
+
+def _modules(environ: Mapping[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    """Comma-separated module names; ``none`` for none; unset or empty: ``default``."""
+    raw = _get(environ, name)
+    if raw is None or not raw.strip():
+        return default
+    if raw.strip().lower() == "none":
+        return ()
+    names = tuple(part.strip() for part in raw.split(","))
+    for module in names:
+        if not all(piece.isidentifier() for piece in module.split(".")):
+            raise ValueError(
+                f"{name} must be comma-separated module names or none, got {raw!r}; "
+                f"unset it or use e.g. {name}={','.join(default) or 'none'}"
+            )
+    return names
 
 
 settings: Config = load()

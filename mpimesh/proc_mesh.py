@@ -25,6 +25,7 @@ from ._core import shrink as _shrink
 from ._waits import when_all
 from .actor import Actor, endpoint_table
 from .actor_mesh import ActorMesh
+from .config import settings
 from .context import register_this_proc
 from .future import Future
 from .shape import MeshTrait, Shape
@@ -36,12 +37,6 @@ __all__ = [
 
 T = TypeVar("T")
 Addr = tuple[int, int]
-
-#: Heavy modules a new actor imports while it is created when its creator has
-#: them loaded: workers never import torch by themselves (their loop stays
-#: light), and importing it at the first tensor argument made that call take
-#: ~1.3 s instead of milliseconds (docs/design/hosts.md, 3.3).
-_PRELOAD = ("torch",)
 
 
 class ProcMesh(MeshTrait):
@@ -121,8 +116,12 @@ class ProcMesh(MeshTrait):
             n for n, m in inspect.getmembers(Class, callable) if not n.startswith("_") and n not in table
         )
         try:
-            # modules pickle by reference: unpickling the body imports them
-            preload = tuple(sys.modules[m] for m in _PRELOAD if m in sys.modules)
+            # Heavy modules the creator has loaded (settings.preload: torch): modules pickle by
+            # reference, so unpickling the body imports them while the actor is created.  Workers
+            # never import torch by themselves (their loop stays light), and importing it at the
+            # first tensor argument made that call take ~1.3 s instead of milliseconds
+            # (docs/design/hosts.md, 3.3).
+            preload = tuple(sys.modules[m] for m in settings.preload if m in sys.modules)
             body, buffers = _serialize.dumps(
                 (preload, Class, args, kwargs, ProcMesh(self._shape, self._addrs, self._hosts, key=self._key))
             )

@@ -20,6 +20,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+# Every job of the suite runs with MPIMESH_PRELOAD=none: a new worker imports torch only when it
+# unpickles something of torch, not because its creator (pytest, with the tensor tests collected)
+# has it loaded.  `import torch` is 2.5 s of CPU here, paid by every fresh worker: the mesh suite
+# at n=1 (every worker spawned) took twice as long with it.  The default (torch preloaded) is
+# pinned by tests/api/test_preload.py, which sets it for its own jobs.
+export MPIMESH_PRELOAD=none
 
 # Every pytest run writes a JUnit report here; the last line sums them up.
 # MPIMESH_TEST_REPORTS=DIR (an empty one: every report in it is summed) keeps them in DIR (per-test and per-module times, to

@@ -215,7 +215,7 @@ class ActorCell:
             return False  # stopped before its __init__ began
         token = _context_var.set(Context(self.identity, self.point))
         try:
-            # the first item: the creator's heavy modules, imported by now (proc_mesh._PRELOAD)
+            # the first item: the creator's heavy modules, imported by now (settings.preload)
             _, cls, args, kwargs, proc_mesh = _serialize.loads(item.body, item.buffers)
             self.identity.class_name = cls.__qualname__
             self.class_path = f"{cls.__module__}.{cls.__qualname__}"

@@ -46,3 +46,17 @@ def test_batching_and_window_settings() -> None:
         r"unset it or use e.g. MPIMESH_RMA_WINDOWS=auto$",
     ):
         load({"MPIMESH_RMA_WINDOWS": "sometimes"})
+
+
+def test_preload_setting() -> None:
+    """MPIMESH_PRELOAD names modules (torch by default), ``none`` none; anything else names the variable."""
+    assert Config().preload == ("torch",)
+    assert load({"MPIMESH_PRELOAD": ""}).preload == ("torch",)
+    assert load({"MPIMESH_PRELOAD": " None "}).preload == ()
+    assert load({"MPIMESH_PRELOAD": "torch, numpy,jax.numpy"}).preload == ("torch", "numpy", "jax.numpy")
+    with pytest.raises(
+        ValueError,
+        match=r"^MPIMESH_PRELOAD must be comma-separated module names or none, got 'torch;numpy'; "
+        r"unset it or use e.g. MPIMESH_PRELOAD=torch$",
+    ):
+        load({"MPIMESH_PRELOAD": "torch;numpy"})

@@ -34,12 +34,17 @@ procs.stop().get(60)
 """
 
 
-@pytest.mark.parametrize(("imports", "expect"), [("import torch", "True"), ("", "False")])
-def test_torch_travels_with_a_new_actor_only_if_the_creator_has_it(tmp_path: Path, imports: str,
+@pytest.mark.parametrize(("imports", "preload", "expect"), [
+    ("import torch", "", "True"),  # the default (scripts/test.sh runs the other jobs under MPIMESH_PRELOAD=none)
+    ("", "", "False"),
+    ("import torch", "none", "False"),
+])
+def test_torch_travels_with_a_new_actor_only_if_the_creator_has_it(tmp_path: Path, imports: str, preload: str,
                                                                     expect: str) -> None:
+    """... and MPIMESH_PRELOAD (default torch) names it; ``none``: a worker imports torch when it needs it."""
     path = tmp_path / "job.py"
     path.write_text(JOB.format(imports=imports))
-    done = run(python_cmd("-m", "mpimesh", str(path)), timeout=180)
+    done = run(python_cmd("-m", "mpimesh", str(path)), timeout=180, env={"MPIMESH_PRELOAD": preload})
     assert done.returncode == 0, done.stderr
     assert f"AT_INIT {expect}" in done.stdout.splitlines(), done.stdout + done.stderr
     assert not done.orphans
