@@ -59,6 +59,12 @@ class Endpoint(Generic[R]):
     def __repr__(self) -> str:
         return f"<Endpoint {self._what} of {self._mesh!r}>"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The C front (call_one) is this process's and bound to this object: a copy or a pickle goes without it.
+        state = dict(self.__dict__)
+        state.pop("call_one", None)
+        return state
+
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # Raises TypeError unless the endpoint's signature accepts the arguments.
         check, sig = self._info.check, self._info.signature

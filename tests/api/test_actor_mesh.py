@@ -589,8 +589,20 @@ def test_call_one_in_c_refuses_after_stop(one_proc: object) -> None:
     mesh = one_proc.spawn("callonestop", SitePaths)  # type: ignore[attr-defined]
     add = mesh.add
     assert [add.call_one(i).get(10) for i in range(3)] == [0, 1, 2]
-    in_c = "add" in mesh._ref._fast
+    in_c = _site_in_c(mesh._ref, "add")
     if in_c:
+        import copy
+        import gc
+        import weakref
+
+        from mpimesh.actor_mesh import Endpoint
+
+        other = Endpoint(mesh, mesh._endpoints["where"])  # not the one the mesh keeps
+        gone_ref = weakref.ref(other)
+        assert "call_one" in vars(other) and "call_one" not in vars(copy.copy(other))  # a copy goes without it
+        del other
+        gc.collect()
+        assert gone_ref() is None  # the endpoint <-> front cycle is the GC's
         counted, python = _count_paths(add, "add")
         assert add.call_one(4).get(10) == 4
         assert (counted.calls, python[0]) == (1, 0)
