@@ -525,6 +525,17 @@ def _count_paths(ep: object, method: str) -> tuple[_Counted, list[int]]:
     return counted, python
 
 
+def _sites_answer() -> bool:
+    """Whether a CallSite sends the calls itself.
+
+    Not with the cast tree's knobs turned down (CI's third -n 4 run): casts
+    travel numbered then, and every call_one takes the Python path
+    (``multicast.enrolled``).
+    """
+    return not any(os.environ.get(k) for k in ("MPIMESH_CAST_FANOUT", "MPIMESH_CAST_TREE_MIN",
+                                               "MPIMESH_CAST_NEAR_DIRECT"))
+
+
 def test_call_one_in_c_takes_the_common_case_and_leaves_the_rest(procs: object, faults: Faults) -> None:
     """An endpoint's call_one(*atoms) goes through the C front (no Python frame); every other call as before."""
     from mpimesh import _native
@@ -539,16 +550,17 @@ def test_call_one_in_c_takes_the_common_case_and_leaves_the_rest(procs: object, 
             return
         assert isinstance(add.call_one, _native.CallOne)
         fail.call_one(0).exception(10)  # registers fail's site
+        exact = _sites_answer()
         counted, python = _count_paths(add, "add")
         assert [add.call_one(i, 1).get(10) for i in range(20)] == [i + 1 for i in range(20)]
         # the first of another arity: the Python path checks it (and calls the site too)
-        assert (counted.calls, python[0]) == (20, 1)
+        assert not exact or (counted.calls, python[0]) == (20, 1)
         assert [add.call_one(5).get(10), add.call_one(6).get(10)] == [5, 6]
-        assert (counted.calls, python[0]) == (22, 1)
+        assert not exact or (counted.calls, python[0]) == (22, 1)
         assert add.call_one(1, b=5).get(10) == 6  # keywords
         assert add.call_one(2.5, 1j).get(10) == 2.5 + 1j  # atoms of other types
         assert add.call_one(np.float64(1.5)).get(10) == 1.5  # not an atom
-        assert (counted.calls, python[0]) == (23, 3)
+        assert not exact or (counted.calls, python[0]) == (23, 3)
         with pytest.raises(TypeError, match=r"^callone.add\(\): too many positional arguments; "):
             add.call_one(1, 2, 3)
         with pytest.raises(TypeError, match=r"^callone.add\(\): missing a required argument: 'a'; "):
@@ -560,7 +572,7 @@ def test_call_one_in_c_takes_the_common_case_and_leaves_the_rest(procs: object, 
             with pytest.raises(ActorError) as info:
                 fail.call_one(i).get(10)
             assert str(info.value.exception) == f"boom {i}" and info.value.rank == 1
-        assert (fcounted.calls, fpython[0]) == (3, 0)
+        assert not exact or (fcounted.calls, fpython[0]) == (3, 0)
         # Broadcasts and call_one()s through the front, in the order sent.
         order, futs = [], []
         for i in range(1000, 1060):
@@ -578,7 +590,7 @@ def test_call_one_in_c_takes_the_common_case_and_leaves_the_rest(procs: object, 
             die.call_one(True).get(10)
         with pytest.raises(SupervisionError, match=r"^Endpoint call callone\.add\(\) failed, .*SystemExit in die: 3"):
             add.call_one(1).get(10)  # a dead actor: the site fails it, or answers None for the Python path
-        assert counted.calls > before and python[0] in (3, 4)
+        assert counted.calls > before and (not exact or python[0] in (3, 4))
         faults.wait_for("callone")
     finally:
         mesh.stop().get(10)
@@ -604,13 +616,15 @@ def test_call_one_in_c_refuses_after_stop(one_proc: object) -> None:
         gc.collect()
         assert gone_ref() is None  # the endpoint <-> front cycle is the GC's
         counted, python = _count_paths(add, "add")
+        exact = _sites_answer()
         assert add.call_one(4).get(10) == 4
-        assert (counted.calls, python[0]) == (1, 0)
+        assert not exact or (counted.calls, python[0]) == (1, 0)
+        sent = counted.calls
     mesh.stop().get(10)
     with pytest.raises(RuntimeError, match=r"^Endpoint call callonestop\.add\(\) failed, .*after stop\(\), spawn"):
         add.call_one(1)
     if in_c:
-        assert counted.calls == 1
+        assert counted.calls == sent  # refused before the site
 
 
 def test_calls_through_a_site_in_c_keep_values_errors_timeouts_and_callbacks(one_proc: object) -> None:
