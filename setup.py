@@ -181,7 +181,8 @@ class BuildExt(build_ext):
 native = Extension(
     NATIVE,
     sources=["native/_native.c", "native/cuda_aware.c", "native/wire.c", "native/pump.c", "native/post.c",
-             "native/beat.c", "native/ulfm_beat.c", "native/site.c", "native/call.c"],
+             "native/beat.c", "native/ulfm_beat.c", "native/site.c", "native/call.c",
+             "native/callone.c"],
     depends=["native/clock.h", "native/compat.h", "native/cuda_aware.h", "native/wire.h", "native/site.h"],
     include_dirs=["native"],
     libraries=["dl"],

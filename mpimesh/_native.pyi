@@ -203,6 +203,25 @@ class CallSite:
     def call(self, name: str, what: str, args: tuple[Any, ...], /) -> Any:
         """Send a SITE_CALL of ``args``: its OneReply, or None for the Python path (a death, a cast, a new route)."""
 
+class CallOne:
+    """An endpoint's ``call_one(*args)`` through a registered CallSite, without a Python frame (native/callone.c).
+
+    Args:
+        fallback: the class's ``Endpoint.call_one``, bound: every call the fast path does not take.
+        mesh: the endpoint's mesh (its ``_stopped``, read on every call).
+        fast: the MeshRef's ``_fast``: method -> CallSite.
+        method, name, what: the method called, the future's name, the endpoint's name in errors.
+        arities: the argument counts the signature check accepted (None: no check).
+        atoms: the argument types that may take the fast path.
+    """
+
+    def __init__(
+        self, fallback: Any, mesh: Any, fast: dict[Any, Any], method: str, name: str, what: str,
+        arities: set[int] | None, atoms: frozenset[Any],
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``fast[method].call(name, what, args)`` where it may and it answers; else ``fallback(*args, **kwargs)``."""
+
 class Replies:
     """The REPLY handler: a plain value for a OneReply nobody sleeps on settles in C (see native/call.c).
 

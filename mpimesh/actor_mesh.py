@@ -47,9 +47,23 @@ class Endpoint(Generic[R]):
         # The numbers of positional arguments the signature check has accepted:
         # a call with that many positional arguments and no keywords passes it too.
         self._arities: set[int] = set()
+        if self._single and type(self).call_one is Endpoint.call_one:
+            # call_one's common case in C, re-checked on every call (native/callone.c); shadows the method
+            front = mesh._ref.call_one_front(
+                Endpoint.call_one.__get__(self), mesh, self._name, self._call_one_name, self._what,
+                self._arities if self._checks else None,
+            )
+            if front is not None:
+                self.call_one = front  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._what} of {self._mesh!r}>"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The C front (call_one) is this process's and bound to this object: a copy or a pickle goes without it.
+        state = dict(self.__dict__)
+        state.pop("call_one", None)
+        return state
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # Raises TypeError unless the endpoint's signature accepts the arguments.

@@ -14,6 +14,8 @@ PyObject *mpimesh_ulfm_beat_hold(PyObject *self, PyObject *args);
 PyObject *mpimesh_ulfm_beat_release(PyObject *self, PyObject *args);
 /* The controller's call_one().get() through a call site (call.c). */
 int mpimesh_call_add(PyObject *module);
+/* Endpoint.call_one without a Python frame (callone.c). */
+int mpimesh_callone_add(PyObject *module);
 
 static PyObject *cuda_compile_time(PyObject *self, PyObject *unused) {
     (void)self;
@@ -81,6 +83,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (mpimesh_pump_add(m) < 0 || mpimesh_post_add(m) < 0 || mpimesh_site_add(m) < 0 ||
-                      mpimesh_call_add(m) < 0)) Py_CLEAR(m);
+                      mpimesh_call_add(m) < 0 || mpimesh_callone_add(m) < 0)) Py_CLEAR(m);
     return m;
 }

@@ -203,6 +203,22 @@ class MeshRef:
             owned.handles.add(ref)
         return ref
 
+    def call_one_front(
+        self, fallback: Callable[..., Any], mesh: Any, method: str, name: str, what: str, arities: set[int] | None
+    ) -> Callable[..., Any] | None:
+        """An endpoint's ``call_one`` in C (``_native.CallOne``) where the native wire runs; else None.
+
+        It calls through this view's registered site for ``method`` at rank 0
+        (``_fast``) and leaves everything else to ``fallback``.
+        """
+        rt = _current.runtime
+        if rt is None or getattr(rt.router.wire, "_call_site", None) is None:
+            return None
+        from .. import _native  # only with the native wire
+
+        front: Callable[..., Any] = _native.CallOne(fallback, mesh, self._fast, method, name, what, arities, _ATOMS)
+        return front
+
     def repoint(self, addrs: tuple[Addr, ...]) -> None:
         """The mesh's actors now live at ``addrs`` (a heal replaced dead processes): forget what was resolved."""
         self.addrs = addrs

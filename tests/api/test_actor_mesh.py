@@ -499,6 +499,134 @@ def _site_in_c(ref: object, method: str) -> bool:
     return fast
 
 
+class _Counted:
+    """A CallSite in a MeshRef's ``_fast`` that counts the calls made through it."""
+
+    def __init__(self, site: object) -> None:
+        self.site, self.calls = site, 0
+
+    def call(self, name: str, what: str, args: tuple[object, ...]) -> object:
+        self.calls += 1
+        return self.site.call(name, what, args)  # type: ignore[attr-defined]
+
+
+def _count_paths(ep: object, method: str) -> tuple[_Counted, list[int]]:
+    """Count an endpoint's call_one()s through its site's C front (``_native.CallOne``) and its Python path."""
+    ref = ep._mesh._ref  # type: ignore[attr-defined]
+    counted = ref._fast[method] = _Counted(ref._fast[method])
+    python = [0]
+    cast_one = ep._cast_one  # type: ignore[attr-defined]
+
+    def counting(*args: object) -> object:
+        python[0] += 1
+        return cast_one(*args)
+
+    ep._cast_one = counting  # type: ignore[attr-defined]
+    return counted, python
+
+
+def _sites_answer() -> bool:
+    """Whether a CallSite sends the calls itself.
+
+    Not with the cast tree's knobs turned down (CI's third -n 4 run): casts
+    travel numbered then, and every call_one takes the Python path
+    (``multicast.enrolled``).
+    """
+    return not any(os.environ.get(k) for k in ("MPIMESH_CAST_FANOUT", "MPIMESH_CAST_TREE_MIN",
+                                               "MPIMESH_CAST_NEAR_DIRECT"))
+
+
+def test_call_one_in_c_takes_the_common_case_and_leaves_the_rest(procs: object, faults: Faults) -> None:
+    """An endpoint's call_one(*atoms) goes through the C front (no Python frame); every other call as before."""
+    from mpimesh import _native
+
+    mesh = procs.spawn("callone", PumpSites, procs.spawn("calloneecho", Echo))  # type: ignore[attr-defined]
+    one = mesh.slice(gpus=1)
+    add, fail, die, note = one.add, one.fail, one.die, one.note
+    try:
+        assert add.call_one(0).get(10) == 0  # registers the site
+        assert "call_one" not in vars(mesh.add)  # 2 actors: no front
+        if not _site_in_c(one._ref, "add"):  # MPIMESH_WIRE=mpi4py, or a route through the parent
+            return
+        assert isinstance(add.call_one, _native.CallOne)
+        fail.call_one(0).exception(10)  # registers fail's site
+        exact = _sites_answer()
+        counted, python = _count_paths(add, "add")
+        assert [add.call_one(i, 1).get(10) for i in range(20)] == [i + 1 for i in range(20)]
+        # the first of another arity: the Python path checks it (and calls the site too)
+        assert not exact or (counted.calls, python[0]) == (20, 1)
+        assert [add.call_one(5).get(10), add.call_one(6).get(10)] == [5, 6]
+        assert not exact or (counted.calls, python[0]) == (22, 1)
+        assert add.call_one(1, b=5).get(10) == 6  # keywords
+        assert add.call_one(2.5, 1j).get(10) == 2.5 + 1j  # atoms of other types
+        assert add.call_one(np.float64(1.5)).get(10) == 1.5  # not an atom
+        assert not exact or (counted.calls, python[0]) == (23, 3)
+        with pytest.raises(TypeError, match=r"^callone.add\(\): too many positional arguments; "):
+            add.call_one(1, 2, 3)
+        with pytest.raises(TypeError, match=r"^callone.add\(\): missing a required argument: 'a'; "):
+            add.call_one()
+        with pytest.raises(ValueError, match=r"^call_one\(\) needs a mesh of exactly 1 actor, got 2 in "):
+            mesh.add.call_one(1)
+        fcounted, fpython = _count_paths(fail, "fail")
+        for i in range(3):
+            with pytest.raises(ActorError) as info:
+                fail.call_one(i).get(10)
+            assert str(info.value.exception) == f"boom {i}" and info.value.rank == 1
+        assert not exact or (fcounted.calls, fpython[0]) == (3, 0)
+        # Broadcasts and call_one()s through the front, in the order sent.
+        order, futs = [], []
+        for i in range(1000, 1060):
+            if i % 4 == 0:
+                note.call(i).get(10)
+            elif i % 3 == 0:
+                note.broadcast(i)
+            else:
+                futs.append(add.call_one(i))
+            order.append(i)
+        assert [f.get(10) for f in futs] == [i for i in order if i % 4 and i % 3]
+        assert one.history.call_one().get(10)[-len(order):] == order
+        before = counted.calls
+        with pytest.raises(SupervisionError, match=r"^Endpoint call callone\.die\(\) failed, .*SystemExit in die: 3"):
+            die.call_one(True).get(10)
+        with pytest.raises(SupervisionError, match=r"^Endpoint call callone\.add\(\) failed, .*SystemExit in die: 3"):
+            add.call_one(1).get(10)  # a dead actor: the site fails it, or answers None for the Python path
+        assert counted.calls > before and (not exact or python[0] in (3, 4))
+        faults.wait_for("callone")
+    finally:
+        mesh.stop().get(10)
+
+
+def test_call_one_in_c_refuses_after_stop(one_proc: object) -> None:
+    """A stopped mesh: the C front leaves the call to the Python path, which raises today's error."""
+    mesh = one_proc.spawn("callonestop", SitePaths)  # type: ignore[attr-defined]
+    add = mesh.add
+    assert [add.call_one(i).get(10) for i in range(3)] == [0, 1, 2]
+    in_c = _site_in_c(mesh._ref, "add")
+    if in_c:
+        import copy
+        import gc
+        import weakref
+
+        from mpimesh.actor_mesh import Endpoint
+
+        other = Endpoint(mesh, mesh._endpoints["where"])  # not the one the mesh keeps
+        gone_ref = weakref.ref(other)
+        assert "call_one" in vars(other) and "call_one" not in vars(copy.copy(other))  # a copy goes without it
+        del other
+        gc.collect()
+        assert gone_ref() is None  # the endpoint <-> front cycle is the GC's
+        counted, python = _count_paths(add, "add")
+        exact = _sites_answer()
+        assert add.call_one(4).get(10) == 4
+        assert not exact or (counted.calls, python[0]) == (1, 0)
+        sent = counted.calls
+    mesh.stop().get(10)
+    with pytest.raises(RuntimeError, match=r"^Endpoint call callonestop\.add\(\) failed, .*after stop\(\), spawn"):
+        add.call_one(1)
+    if in_c:
+        assert counted.calls == sent  # refused before the site
+
+
 def test_calls_through_a_site_in_c_keep_values_errors_timeouts_and_callbacks(one_proc: object) -> None:
     """A registered site's call_one().get() in C: values, endpoint errors, get(timeout), callbacks, await."""
     mesh = one_proc.spawn("sitec", SitePaths)  # type: ignore[attr-defined]
