@@ -45,6 +45,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "site.h"
 
 /* Interned attribute names, made once by mpimesh_call_add. */
 static PyObject *s_made, *s_state, *s_result, *s_what_, *s_what, *s_pending, *s_shape, *s_rank, *s_actor, *s_enrolled,
@@ -599,9 +600,122 @@ out:
     return result;
 }
 
+/* One poll as the token holder, then progress._polled_at = now: frames handled, 0 with the token busy
+ * (*busy set), -1 with an exception set. */
+static long poll_once(Spin *self, PyObject *poll, double chunk, double now, int *busy) {
+    PyObject *got, *when;
+    long handled;
+    int taken = try_token(self);
+    *busy = 0;
+    if (taken <= 0) {
+        *busy = taken == 0;
+        return taken;
+    }
+    when = PyFloat_FromDouble(chunk);
+    got = when == NULL ? NULL : PyObject_CallOneArg(poll, when);
+    Py_XDECREF(when);
+    if (call_method0(self->token, s_release) < 0) {
+        Py_XDECREF(got);
+        return -1;
+    }
+    if (got == NULL) return -1;
+    handled = PyLong_AsLong(got);
+    Py_DECREF(got);
+    if (handled == -1 && PyErr_Occurred()) return -1;
+    when = PyFloat_FromDouble(now);
+    if (when == NULL || PyObject_SetAttr(self->progress, s_polled_at, when) < 0) {
+        Py_XDECREF(when);
+        return -1;
+    }
+    Py_DECREF(when);
+    return handled;
+}
+
+/* serve(lane) -> bool: a sync actor's idle wait (SyncRunner._main), as the leader, running each call the
+ * pump takes for the lane's sites (Lane.run) as it comes, without going back to Python in between.  True:
+ * the mailbox has mail; False: what this loop does not cover (another thread polls, or `spin` seconds
+ * passed without traffic), Progress.wait goes on.  No call taken is left unrun. */
+static PyObject *spin_serve(Spin *self, PyObject *lane) {
+    PyObject *mine, *poll, *result = NULL;
+    double now, last_traffic, chunk;
+    long spins = 0;
+    if (self->progress == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Spin: never initialised");
+        return NULL;
+    }
+    if (!mpimesh_lane_check(lane)) {
+        PyErr_SetString(PyExc_TypeError, "Spin.serve(lane): lane must be a _native.Lane");
+        return NULL;
+    }
+    poll = PyObject_GetAttr(self->progress, s_poll);
+    if (poll == NULL) return NULL;
+    mine = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type); /* this wait's entry in the leaders */
+    if (mine == NULL || PyList_Append(self->leaders, mine) < 0) {
+        Py_XDECREF(mine);
+        Py_DECREF(poll);
+        return NULL;
+    }
+    mpimesh_lane_arm(lane, 1);
+    now = last_traffic = mpimesh_monotonic();
+    chunk = self->chunk;
+    for (;;) {
+        Py_ssize_t mail;
+        int busy;
+        long handled = poll_once(self, poll, chunk, now, &busy);
+        if (handled < 0) goto out;
+        if (busy) {
+            result = Py_NewRef(Py_False); /* another thread polls: Progress.wait follows */
+            goto out;
+        }
+        if (mpimesh_lane_taken(lane)) {
+            /* the call came first: run it as SyncRunner._main would, disarmed and not leading */
+            PyObject *ran;
+            mpimesh_lane_arm(lane, 0);
+            leave(self, mine);
+            ran = mpimesh_lane_run(lane);
+            if (ran == NULL) goto out_left;
+            Py_DECREF(ran);
+            if (PyList_Append(self->leaders, mine) < 0) goto out_left;
+            mpimesh_lane_arm(lane, 1);
+            handled = 1;
+        }
+        mail = mpimesh_lane_mail(lane);
+        if (mail != 0) {
+            if (mail > 0) result = Py_NewRef(Py_True);
+            goto out;
+        }
+        now = mpimesh_monotonic();
+        if (handled) {
+            last_traffic = now;
+            chunk = self->chunk;
+            continue;
+        }
+        if (now - last_traffic >= self->spin) {
+            result = Py_NewRef(Py_False); /* no traffic for the spin's length: Progress.wait naps */
+            goto out;
+        }
+        chunk = self->spin - (now - last_traffic);
+        if (chunk > self->chunk) chunk = self->chunk;
+        if (++spins % self->yield_every == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+        }
+    }
+out:
+    leave(self, mine);
+out_left:
+    mpimesh_lane_arm(lane, 0);
+    Py_DECREF(mine);
+    Py_DECREF(poll);
+    return result;
+}
+
 static PyMethodDef spin_methods[] = {
     {"wait", (PyCFunction)spin_call, METH_O,
      "wait(fut) -> bool\n\nProgress.wait's spin for a leader, until fut is settled; False: not covered here."},
+    {"serve", (PyCFunction)spin_serve, METH_O,
+     "serve(lane) -> bool\n\nA sync actor's idle wait as the leader, running the calls its sites take; True: mail."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -408,6 +408,19 @@ done:
     Py_RETURN_TRUE;
 }
 
+int mpimesh_lane_check(PyObject *obj) { return Py_IS_TYPE(obj, &LaneType); }
+
+void mpimesh_lane_arm(PyObject *lane, int armed) { ((Lane *)lane)->armed = (char)(armed != 0); }
+
+int mpimesh_lane_taken(PyObject *lane) { return ((Lane *)lane)->site != NULL; }
+
+Py_ssize_t mpimesh_lane_mail(PyObject *lane) {
+    PyObject *mailbox = ((Lane *)lane)->mailbox;
+    return mailbox == NULL ? 0 : PyObject_Size(mailbox);
+}
+
+PyObject *mpimesh_lane_run(PyObject *lane) { return lane_run((Lane *)lane, NULL); }
+
 int mpimesh_site_add(PyObject *module) {
     if (str_calls == NULL) {
         str_calls = PyUnicode_InternFromString("calls");

@@ -35,6 +35,9 @@ Crashed = Callable[[BaseException, str], None]
 class Progress(Protocol):
     """The progress engine, which a sync actor's idle thread drives."""
 
+    #: a sync actor's idle wait in C, serving its known call sites (``Progress.serve``), or None
+    serve: Callable[[Any], bool] | None
+
     def wait(self, done: Callable[[], object], cond: threading.Condition, timeout: float | None = None) -> bool: ...
 
 
@@ -89,6 +92,7 @@ class SyncRunner:
             self._tid = threading.get_ident()
             mailbox = self.mailbox
             wait = self._progress.wait
+            serve = self._progress.serve
             has_mail = mailbox.__len__
             handlers = self._handlers
             while True:
@@ -96,6 +100,10 @@ class SyncRunner:
                     lane = self.lane
                     if lane is None:
                         wait(has_mail, self.cond)
+                    elif serve is not None and serve(lane):
+                        # Served in C: the calls the pump took ran there, one by
+                        # one, until mail came (native/call.c, Spin.serve).
+                        continue
                     else:
                         # Idle: the pump may take a call through a known
                         # site for this thread meanwhile (native/site.c).

@@ -204,11 +204,19 @@ class Progress:
         #: where :meth:`wait` must go on (a follower, the naps, the step back).
         #: ``Future.get`` tries it first; None on the mpi4py wire.
         self.spin: Callable[[Any], bool] | None = None
+        #: A sync actor's idle wait in C, ``serve(lane) -> bool`` (native/call.c): as the leader, it runs
+        #: each call the pump takes for the actor's known sites (``_native.Lane``) as it comes, with no
+        #: Python frame per call; True once the mailbox has mail, False where :meth:`wait` must go on.
+        #: None on the mpi4py wire.
+        self.serve: Callable[[Any], bool] | None = None
         spinner = getattr(getattr(poll, "__self__", None), "_spinner", None)
         if spinner is not None and self._spin > 0:
             # within the leader's idle time, as in wait(): it never steps back while spinning
-            self.spin = spinner(self, self._token, self._leaders, min(self._spin, self._leader_idle), _SPIN_CHUNK,
-                                _YIELD_EVERY)
+            waiter = spinner(self, self._token, self._leaders, min(self._spin, self._leader_idle), _SPIN_CHUNK,
+                             _YIELD_EVERY)
+            if waiter is not None:
+                self.spin = waiter.wait
+                self.serve = getattr(waiter, "serve", None)
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:

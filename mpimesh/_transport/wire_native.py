@@ -270,17 +270,16 @@ class NativeWire:
         return _native.CallSite(self._sender, out, outbox, hold, send_failed, **fields)
 
     def _spinner(self, progress: Any, token: Any, leaders: list[object], spin: float, chunk: float,
-                yield_every: int) -> Callable[[Any], bool] | None:
-        """``Progress.wait``'s spin for a leader in C (``_native.Spin``, native/call.c), polling ``progress._poll``.
+                 yield_every: int) -> Any:
+        """``Progress.wait``'s spin for a leader in C (a ``_native.Spin``, native/call.c), polling ``progress._poll``.
 
-        None when the native part predates it.
+        Its ``wait(future)`` spins for one future, its ``serve(lane)`` is a sync
+        actor's idle wait.  None when the native part predates it.
         """
         if not hasattr(_native, "Spin"):
             return None
         main = threading.main_thread().ident or 0
-        waiter = _native.Spin(progress, token, leaders, spin, chunk, yield_every, main)
-        wait: Callable[[Any], bool] = waiter.wait
-        return wait
+        return _native.Spin(progress, token, leaders, spin, chunk, yield_every, main)
 
     # -- receiving ---------------------------------------------------------
 
