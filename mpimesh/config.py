@@ -108,6 +108,12 @@ class Config:
             unpickles: that call takes ~1.3 s more (docs/design/hosts.md, 3.3);
             with it, every new worker of a torch program pays ``import torch``
             (2.5 s of CPU here) even if it never sees a tensor.
+        spin_yield: Whether a thread spinning in MPI after traffic gives its
+            CPU up every so many empty probes (``MPIMESH_SPIN_YIELD``):
+            ``auto`` (the default: while the job's processes on this host
+            outnumber the CPUs a process may run on, as Open MPI's
+            ``mpi_yield_when_idle``), ``always`` or ``never``;
+            ``mpimesh._core.crowding``.
         dashboard: Serve the job's live dashboard from the controller
             (``MPIMESH_DASHBOARD=[HOST:]PORT``; unset or empty: none; ``mpimesh
             run --dashboard`` sets it): on ``127.0.0.1`` unless a host is given,
@@ -139,6 +145,7 @@ class Config:
     cast_near_direct: int = 1 << 20
     island_links: str = "auto"
     preload: tuple[str, ...] = ("torch",)
+    spin_yield: str = "auto"
     dashboard: str = ""
 
 
@@ -198,6 +205,7 @@ def load(environ: Mapping[str, str] | None = None) -> Config:
         cast_near_direct=int(_number(env, "MPIMESH_CAST_NEAR_DIRECT", Config.cast_near_direct)),
         island_links=_choice(env, "MPIMESH_ISLAND_LINKS", ("auto", "always", "never")),
         preload=_modules(env, "MPIMESH_PRELOAD", Config.preload),
+        spin_yield=_choice(env, "MPIMESH_SPIN_YIELD", ("auto", "always", "never")),
         dashboard=_dashboard(env),
     )
 

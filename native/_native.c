@@ -5,6 +5,7 @@
 
 #include "cuda_aware.h"
 #include "site.h"
+#include "spin.h"
 #include "wire.h"
 
 /* MPI progress for ULFM's heartbeats, without the GIL (ulfm_beat.c). */
@@ -47,6 +48,9 @@ static PyMethodDef methods[] = {
     {"cuda_run_time", cuda_run_time, METH_VARARGS,
      "cuda_run_time(libpath) -> (int, str)\n\nAsk the already loaded libmpi at libpath: (1 yes, 0 no, -1 no query\n"
      "function, -2 not loaded; the function used)."},
+    {"spin_yield", mpimesh_spin_yield, METH_O,
+     "spin_yield(flag) -> bool\n\nWhether spinning waiters yield the CPU every so many empty probes (native/spin.h);\n"
+     "returns the setting before."},
     {"wire_bind", mpimesh_wire_bind, METH_VARARGS,
      "wire_bind(libpath, byte_handle, exc_type) -> None\n\nLook up the frame path's MPI functions in the loaded libmpi."},
     {"wire_probe", mpimesh_wire_probe, METH_VARARGS,

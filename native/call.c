@@ -46,6 +46,7 @@
 
 #include "clock.h"
 #include "site.h"
+#include "spin.h"
 
 /* Interned attribute names, made once by mpimesh_call_add. */
 static PyObject *s_made, *s_state, *s_result, *s_what_, *s_what, *s_pending, *s_shape, *s_rank, *s_actor, *s_enrolled,
@@ -581,7 +582,7 @@ static PyObject *spin_call(Spin *self, PyObject *fut) {
         }
         chunk = self->spin - (now - last_traffic);
         if (chunk > self->chunk) chunk = self->chunk;
-        if (++spins % self->yield_every == 0) {
+        if (mpimesh_spin_yields && ++spins % self->yield_every == 0) {
             /* let the other processes of an oversubscribed node (and our other threads) run */
             Py_BEGIN_ALLOW_THREADS
             sched_yield();
@@ -696,7 +697,7 @@ static PyObject *spin_serve(Spin *self, PyObject *lane) {
         }
         chunk = self->spin - (now - last_traffic);
         if (chunk > self->chunk) chunk = self->chunk;
-        if (++spins % self->yield_every == 0) {
+        if (mpimesh_spin_yields && ++spins % self->yield_every == 0) {
             Py_BEGIN_ALLOW_THREADS
             sched_yield();
             Py_END_ALLOW_THREADS

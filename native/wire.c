@@ -23,6 +23,7 @@
 #define _GNU_SOURCE
 #endif
 #include "wire.h"
+#include "spin.h"
 
 #include <dlfcn.h>
 #include <sched.h>
@@ -136,6 +137,16 @@ int mpimesh_wire_comms(const char *who, PyObject *handles, MPI_Comm *comms) {
     return (int)n;
 }
 
+int mpimesh_spin_yields = 1;
+
+PyObject *mpimesh_spin_yield(PyObject *self, PyObject *flag) {
+    int before = mpimesh_spin_yields, on = PyObject_IsTrue(flag);
+    (void)self;
+    if (on < 0) return NULL;
+    mpimesh_spin_yields = on;
+    return PyBool_FromLong(before);
+}
+
 int mpimesh_wire_receive(const MPI_Comm *comms, int n, int tag, long long spin_ns, int *index, int *source,
                          int *err, PyObject **data) {
     MPI_Message msg;
@@ -166,8 +177,8 @@ int mpimesh_wire_receive(const MPI_Comm *comms, int n, int tag, long long spin_n
             }
             if (hit >= 0 || (polls & 7) != 0) continue;
             if (now_ns() >= end) break;
-            /* let the other processes of an oversubscribed node run */
-            if ((polls & 31) == 0) sched_yield();
+            /* let the other processes of a crowded node run */
+            if ((polls & 31) == 0 && mpimesh_spin_yields) sched_yield();
         }
         Py_END_ALLOW_THREADS
         *err = e;

@@ -199,6 +199,9 @@ class Progress:
         #: message (a reply never came; seen in CI), so there the main thread
         #: only waits and the background waiter receives.
         self.main_thread_polls = True
+        #: Whether a spinning waiter yields the CPU every ``_YIELD_EVERY`` empty
+        #: polls: set by ``_core.crowding`` (only where the job crowds its host).
+        self.yields = True
         #: This wait's spinning phase in C, for a leader waiting on one future
         #: (the native wire's, native/site.c): ``spin(future) -> bool``, False
         #: where :meth:`wait` must go on (a follower, the naps, the step back).
@@ -309,7 +312,7 @@ class Progress:
                         # oversubscribed node (and our other threads) run.
                         chunk = min(_SPIN_CHUNK, self._spin - idle)
                         spins += 1
-                        if spins % _YIELD_EVERY == 0:
+                        if spins % _YIELD_EVERY == 0 and self.yields:
                             os.sched_yield()
                         if done():  # another thread's doing
                             return True

@@ -263,7 +263,8 @@ class Runtime:
 
     def open_bell(self) -> None:
         """Sleep on a doorbell and ring peers' (``_transport.bell``); needs the controller's pid."""
-        from .._transport.bell import Bell, Ringer, bell_path
+        from .._transport.bell import Bell, Ringer, bell_path, job_dir
+        from .crowding import Crowding
 
         try:
             bell = Bell(bell_path(self.controller_pid, self.addr))
@@ -273,6 +274,11 @@ class Runtime:
         self.ringer = Ringer(self.controller_pid)
         self.router.ring = self.ringer.ring
         self.progress.bell = bell
+        # Spinners yield only while the job's processes here (their bells) outnumber the CPUs.
+        crowding = Crowding(self.progress, job_dir(self.controller_pid))
+        crowding.check()
+        if crowding.mode == "auto":
+            self.every_ms(crowding.tick)
 
     def close_bell(self) -> None:
         """Remove this process's doorbell (at exit)."""

@@ -60,3 +60,15 @@ def test_preload_setting() -> None:
         r"unset it or use e.g. MPIMESH_PRELOAD=torch$",
     ):
         load({"MPIMESH_PRELOAD": "torch;numpy"})
+
+
+def test_spin_yield_setting() -> None:
+    """MPIMESH_SPIN_YIELD: auto (the default), always or never; anything else names the variable and the fix."""
+    assert Config().spin_yield == "auto"
+    assert load({"MPIMESH_SPIN_YIELD": " Never "}).spin_yield == "never"
+    with pytest.raises(
+        ValueError,
+        match=r"^MPIMESH_SPIN_YIELD must be auto, always or never, got 'yes'; "
+        r"unset it or use e.g. MPIMESH_SPIN_YIELD=auto$",
+    ):
+        load({"MPIMESH_SPIN_YIELD": "yes"})
