@@ -174,6 +174,14 @@ class Sender:
         Raises:
             mpi4py.MPI.Exception: the MPI call failed.
         """
+    @staticmethod
+    def fast_dumps(frame: Any, /) -> bytes | None:
+        """The pickle ``post`` writes itself for a frame of None, bools, 64-bit ints, floats, strs and tuples of them.
+
+        Returns:
+            Bytes that ``pickle.loads`` reads back equal, of the same types; None for any other frame
+            (``post`` uses ``pickle.dumps`` then).
+        """
     def reap(self) -> int:
         """Drop the completed sends (call it holding the lock); returns those still in flight."""
 
@@ -260,6 +268,16 @@ class Spin:
     ) -> None: ...
     def wait(self, fut: Any, /) -> bool:
         """Poll until ``fut`` is settled (True); False where ``Progress.wait`` must go on."""
+    def serve(self, lane: Lane, /) -> bool:
+        """A sync actor's idle wait as the leader, running each call its sites take (``Lane.run``) as it comes.
+
+        Returns:
+            True once the mailbox has mail; False where ``Progress.wait`` must go on (a follower, or
+            ``spin`` seconds without traffic).  No call taken is left unrun.
+        """
+
+def spin_yield(flag: bool, /) -> bool:
+    """Whether spinning waiters yield the CPU now and then (``_core.crowding``); returns the value before."""
 
 def cuda_run_time(libpath: str, /) -> tuple[int, str]:
     """Ask the already loaded libmpi at ``libpath``.

@@ -382,7 +382,7 @@ def test_sender_sends_at_once_unless_in_a_burst(native: None, comm: MPI.Intracom
     assert sender.post(out, (4, None, "first"), 1) is None
     assert out.polls == 1 and out.last > 0 and sender.frames_out == 1 and sender.sent_at == out.last
     held = sender.post(out, (4, None, "burst"), 1)  # same poll count, within the burst
-    assert held == pickle.dumps((4, None, "burst"), protocol=5)
+    assert pickle.loads(held) == (4, None, "burst")
     assert sender.post(out, (4, None, "polled"), 2) is None  # a poll in between: it leaves
     out.frames = [b"held"]
     assert sender.post(out, (4, None, "behind"), 3) is not None  # frames are held: it must wait behind them
@@ -392,6 +392,46 @@ def test_sender_sends_at_once_unless_in_a_burst(native: None, comm: MPI.Intracom
     out = _native.Out(_Link(comm), 0)
     assert [unbatched.post(out, (4, None, i), 1) for i in range(3)] == [None] * 3
     assert _frames(comm) == [(4, None, 0), (4, None, 1), (4, None, 2)]
+
+
+SCALARS = [None, True, False, 0, 255, 256, 65536, -1, 2**31 - 1, -2**31, 2**31, -2**31 - 1, 2**63 - 1, -2**63,
+           0.5, -0.0, float("inf"), "", "ascii", "é€😀", "x" * 300, (), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4),
+           (20, None, 3, 123456, (1, "a", 2.5, True)), ((((1,),),),)]
+
+
+@pytest.mark.parametrize("frame", SCALARS, ids=lambda frame: repr(frame)[:20])
+def test_sender_pickles_frames_of_scalars_itself(native: None, frame: object) -> None:
+    """A frame of None/bool/int/float/str/tuple is written without pickle.dumps; pickle.loads reads the same back."""
+    from mpimesh import _native
+
+    data = _native.Sender.fast_dumps(frame)
+    assert data is not None
+    back = pickle.loads(data)
+    assert back == frame and repr(back) == repr(frame)  # repr: -0.0 and the types too
+
+
+@pytest.mark.parametrize("frame", [2**63, -2**63 - 1, "\ud800", 1j, b"x", [1], {"a": 1}, (1, [2]), (((((1,),),),),),
+                                   "x" * 600, tuple(range(1000, 1200)), 2**70, type("Int", (int,), {})(3)],
+                         ids=lambda frame: repr(frame)[:20])
+def test_sender_leaves_other_frames_to_pickle(native: None, frame: object) -> None:
+    """Big ints, lone surrogates, other types, subclasses, deep or long frames: pickle.dumps's, as before."""
+    from mpimesh import _native
+
+    assert _native.Sender.fast_dumps(frame) is None
+    assert not isinstance(frame, tuple) or pickle.loads(pickle.dumps(frame, 5)) == frame
+
+
+def test_sender_sends_what_pickle_would_read(native: None, comm: MPI.Intracomm) -> None:
+    """Frames of scalars and others, sent by post(), arrive as they left (the receiver's pickle.loads)."""
+    from mpimesh import _native
+
+    sender, _ = _sender(batching=False)
+    out = _native.Out(_Link(comm), 0)
+    frames = [(4, None, 7, 2**40, ("a", -1.5, None)), (4, None, [1, 2], {"k": b"v"}), (4, None, 2**80, "\ud800")]
+    for frame in frames:
+        assert sender.post(out, frame, 1) is None
+    got = _frames(comm)
+    assert got == frames and [repr(f) for f in got] == [repr(f) for f in frames]
 
 
 def test_sender_rings_after_a_pause(native: None, comm: MPI.Intracomm) -> None:
