@@ -174,14 +174,6 @@ class Sender:
         Raises:
             mpi4py.MPI.Exception: the MPI call failed.
         """
-    @staticmethod
-    def fast_dumps(frame: Any, /) -> bytes | None:
-        """The pickle ``post`` writes itself for a frame of None, bools, 64-bit ints, floats, strs and tuples of them.
-
-        Returns:
-            Bytes that ``pickle.loads`` reads back equal, of the same types; None for any other frame
-            (``post`` uses ``pickle.dumps`` then).
-        """
     def reap(self) -> int:
         """Drop the completed sends (call it holding the lock); returns those still in flight."""
 
@@ -275,6 +267,21 @@ class Spin:
             True once the mailbox has mail; False where ``Progress.wait`` must go on (a follower, or
             ``spin`` seconds without traffic).  No call taken is left unrun.
         """
+
+def fast_dumps(frame: Any, /) -> bytes | None:
+    """The pickle the send path writes itself for a frame of None, bools, 64-bit ints, floats, strs and tuples.
+
+    Returns:
+        Bytes that ``pickle.loads`` reads back equal, of the same types; None for any other frame
+        (``pickle.dumps`` is used then; native/fastpickle.c).
+    """
+
+def fast_loads(data: bytes, /) -> tuple[Any] | None:
+    """The frame the receive path reads itself from a pickle of such scalars, as a 1-tuple.
+
+    Returns:
+        None for any other pickle, a malformed one included (``pickle.loads`` is used then).
+    """
 
 def spin_yield(flag: bool, /) -> bool:
     """Whether spinning waiters yield the CPU now and then (``_core.crowding``); returns the value before."""

@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include "cuda_aware.h"
+#include "fastpickle.h"
 #include "site.h"
 #include "spin.h"
 #include "wire.h"
@@ -48,6 +49,12 @@ static PyMethodDef methods[] = {
     {"cuda_run_time", cuda_run_time, METH_VARARGS,
      "cuda_run_time(libpath) -> (int, str)\n\nAsk the already loaded libmpi at libpath: (1 yes, 0 no, -1 no query\n"
      "function, -2 not loaded; the function used)."},
+    {"fast_dumps", mpimesh_fast_dumps_py, METH_O,
+     "fast_dumps(frame) -> bytes | None\n\nThe pickle the send path writes itself for a frame of scalars;\n"
+     "None: pickle.dumps's (native/fastpickle.c)."},
+    {"fast_loads", mpimesh_fast_loads_py, METH_O,
+     "fast_loads(data) -> (frame,) | None\n\nThe frame the receive path reads itself from such a pickle;\n"
+     "None: pickle.loads's (native/fastpickle.c)."},
     {"spin_yield", mpimesh_spin_yield, METH_O,
      "spin_yield(flag) -> bool\n\nWhether spinning waiters yield the CPU every so many empty probes (native/spin.h);\n"
      "returns the setting before."},

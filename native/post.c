@@ -31,11 +31,11 @@
 #include "wire.h"
 
 #include <stddef.h>
-#include <stdint.h>
 #include <structmember.h>
 #include <time.h>
 
 #include "clock.h"
+#include "fastpickle.h"
 
 /* --- Out ------------------------------------------------------------------ */
 
@@ -281,123 +281,6 @@ static int call_noargs(PyObject *fn) {
     return 0;
 }
 
-/* --- pickling a frame of scalars ---------------------------------------------
- *
- * pickle.dumps makes a Pickler, a memo table and a 4 KiB output buffer for
- * every frame: most of its ~0.3 us for the small frames of a call through a
- * known site and its VALUE reply (B1, issue 30).  A frame that holds only
- * None, bools, ints of 64 bits, floats, strs and tuples of them (exact types,
- * 4 levels at most, 512 bytes at most) is written here as the opcodes
- * pickle.dumps(frame, 5) would write less its FRAME and MEMOIZE: what
- * pickle.loads reads back is equal, of the same types.  Anything else is
- * pickle.dumps's.  */
-
-enum { FAST_MAX = 512, FAST_DEPTH = 4 };
-
-typedef struct {
-    char buf[FAST_MAX];
-    Py_ssize_t n;
-} Fast;
-
-static int fast_put(Fast *f, const void *bytes, Py_ssize_t len) {
-    if (f->n + len > FAST_MAX) return 0;
-    memcpy(f->buf + f->n, bytes, (size_t)len);
-    f->n += len;
-    return 1;
-}
-
-static int fast_op(Fast *f, unsigned char op) { return fast_put(f, &op, 1); }
-
-/* 1 written, 0 not a frame of scalars (or too long): pickle.dumps's; -1 error. */
-static int fast_object(Fast *f, PyObject *obj, int depth) {
-    if (obj == Py_None) return fast_op(f, 'N');
-    if (obj == Py_True) return fast_op(f, 0x88);
-    if (obj == Py_False) return fast_op(f, 0x89);
-    if (PyLong_CheckExact(obj)) {
-        int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        unsigned char b[9];
-        if (overflow) return 0;
-        if (v == -1 && PyErr_Occurred()) return -1;
-        if (v >= 0 && v < 256) {
-            b[0] = 'K';
-            b[1] = (unsigned char)v;
-            return fast_put(f, b, 2);
-        }
-        if (v >= INT32_MIN && v <= INT32_MAX) {
-            uint32_t u = (uint32_t)(int32_t)v;
-            b[0] = 'J';
-            for (int i = 0; i < 4; i++) b[1 + i] = (unsigned char)(u >> (8 * i));
-            return fast_put(f, b, 5);
-        }
-        {
-            uint64_t u = (uint64_t)v; /* LONG1: little-endian two's complement, 8 bytes */
-            unsigned char l[10];
-            l[0] = 0x8a;
-            l[1] = 8;
-            for (int i = 0; i < 8; i++) l[2 + i] = (unsigned char)(u >> (8 * i));
-            return fast_put(f, l, 10);
-        }
-    }
-    if (PyFloat_CheckExact(obj)) {
-        unsigned char b[9];
-        b[0] = 'G';
-        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(obj), (char *)b + 1, 0) < 0) return -1; /* big-endian, as pickle */
-        return fast_put(f, b, 9);
-    }
-    if (PyUnicode_CheckExact(obj)) {
-        Py_ssize_t len;
-        const char *utf8 = PyUnicode_AsUTF8AndSize(obj, &len);
-        unsigned char b[5];
-        if (utf8 == NULL) { /* a lone surrogate: pickle writes it with surrogatepass */
-            PyErr_Clear();
-            return 0;
-        }
-        if (len < 256) {
-            b[0] = 0x8c;
-            b[1] = (unsigned char)len;
-            return fast_put(f, b, 2) && fast_put(f, utf8, len);
-        }
-        if (len > FAST_MAX) return 0;
-        b[0] = 'X';
-        for (int i = 0; i < 4; i++) b[1 + i] = (unsigned char)((uint32_t)len >> (8 * i));
-        return fast_put(f, b, 5) && fast_put(f, utf8, len);
-    }
-    if (PyTuple_CheckExact(obj) && depth < FAST_DEPTH) {
-        Py_ssize_t i, n = PyTuple_GET_SIZE(obj);
-        int rc;
-        if (n == 0) return fast_op(f, ')');
-        if (n > 3 && !fast_op(f, '(')) return 0;
-        for (i = 0; i < n; i++) {
-            rc = fast_object(f, PyTuple_GET_ITEM(obj, i), depth + 1);
-            if (rc <= 0) return rc;
-        }
-        return fast_op(f, n == 1 ? 0x85 : n == 2 ? 0x86 : n == 3 ? 0x87 : 't');
-    }
-    return 0;
-}
-
-/* The pickle of a frame of scalars (a new bytes), or NULL: pickle.dumps's (an exception set only on error). */
-static PyObject *fast_dumps(PyObject *frame) {
-    Fast f;
-    int rc;
-    f.buf[0] = (char)0x80; /* PROTO 5 */
-    f.buf[1] = 5;
-    f.n = 2;
-    rc = fast_object(&f, frame, 0);
-    if (rc <= 0 || !fast_op(&f, '.')) return NULL;
-    return PyBytes_FromStringAndSize(f.buf, f.n);
-}
-
-/* fast_dumps(obj) -> bytes | None: the frame pickler's own path, for tests (None: pickle.dumps's). */
-static PyObject *sender_fast_dumps(PyObject *cls, PyObject *obj) {
-    PyObject *data;
-    (void)cls;
-    data = fast_dumps(obj);
-    if (data == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
-    return data;
-}
-
 /* post(out, frame, polls) -> None (sent) | bytes (the pickle: hold it back) */
 static PyObject *sender_post(Sender *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *argv[2], *data, *result = NULL;
@@ -421,7 +304,7 @@ static PyObject *sender_post(Sender *self, PyObject *const *args, Py_ssize_t nar
     }
     polls = PyLong_AsLongLong(args[2]);
     if (polls == -1 && PyErr_Occurred()) return NULL;
-    data = fast_dumps(args[1]);
+    data = mpimesh_fast_dumps(args[1]);
     if (data == NULL) {
         if (PyErr_Occurred()) return NULL;
         argv[0] = args[1];
@@ -508,8 +391,6 @@ static int sender_set_ring(Sender *self, PyObject *value, void *closure) {
 static PyMethodDef sender_methods[] = {
     {"post", (PyCFunction)(void (*)(void))sender_post, METH_FASTCALL,
      "post(out, frame, polls) -> None | bytes\n\nSend a frame now, or return its pickle to hold back; see native/post.c."},
-    {"fast_dumps", (PyCFunction)sender_fast_dumps, METH_O | METH_STATIC,
-     "fast_dumps(frame) -> bytes | None\n\nThe pickle post() writes itself for a frame of scalars; None: pickle.dumps's."},
     {"reap", (PyCFunction)sender_reap, METH_NOARGS,
      "reap() -> int\n\nDrop the completed sends; returns those still in flight (call it holding the lock)."},
     {NULL, NULL, 0, NULL},

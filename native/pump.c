@@ -43,6 +43,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "fastpickle.h"
 
 typedef struct {
     PyObject_HEAD
@@ -178,6 +179,16 @@ static PyObject *source_of(Pump *self, int index, int src) {
     return addr;
 }
 
+/* The frame pickled in data (bytes): read in C when it holds only scalars (fastpickle.c), else pickle.loads. */
+static PyObject *loads(Pump *self, PyObject *data) {
+    PyObject *frame = NULL;
+    if (PyBytes_Check(data)) {
+        frame = mpimesh_fast_loads(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+        if (frame != NULL || PyErr_Occurred()) return frame;
+    }
+    return PyObject_CallOneArg(self->loads, data);
+}
+
 static int frame_kind(PyObject *frame, long *kind) {
     if (!PyTuple_Check(frame) || PyTuple_GET_SIZE(frame) < 2) {
         PyErr_SetString(PyExc_TypeError, "Pump: a frame must be a (kind, sizes, ...) tuple");
@@ -218,7 +229,7 @@ static int take(Pump *self, PyObject *got, int index, int src, PyObject *frame) 
             goto done;
         }
         for (i = 0; i < PyList_GET_SIZE(inner); i++) {
-            PyObject *one = PyObject_CallOneArg(self->loads, PyList_GET_ITEM(inner, i));
+            PyObject *one = loads(self, PyList_GET_ITEM(inner, i));
             long inner_kind;
             if (one == NULL) goto done;
             rc = frame_kind(one, &inner_kind);
@@ -370,7 +381,7 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
             probe = 0;
             continue;
         }
-        frame = PyObject_CallOneArg(self->loads, data);
+        frame = loads(self, data);
         Py_DECREF(data);
         if (frame == NULL || take(self, got, index_of[index], src, frame) < 0) goto fail;
         if (spin_ns > 0 || PyList_GET_SIZE(got) >= self->max_frames) break;
