@@ -141,14 +141,17 @@ step "lint: ruff"
 # 15-40 s that wait on a death being found; they run here, not in the pure step.
 loose_tests=(tests/tensor/test_engine_heal.py tests/tensor/test_global_heal.py
              tests/roles/test_example_train_survives.py)
-# loose_tensor: the tensor engine's other subprocess tests, bounded in minutes (240-360 s) for jobs of
-# 15-50 s and checking no time to the second: the op cases (test_dtensor_ops.py), the shared job of
-# global view, buckets and SGD (one job for the three modules: they must share a pytest run), a worker
-# killed mid-stream (test_engine_faults.py).  In the pure step, alone, they were ~150 s of its wall
-# time; here they are a run of their own beside the others.
+# loose_tensor: the subprocess tests of torch on the mesh, bounded in minutes (240-360 s) for jobs of
+# 3-50 s and checking no time to the second: the tensor engine's op cases (test_dtensor_ops.py), the
+# shared job of global view, buckets and SGD (one job for the three modules: they must share a pytest
+# run), a worker killed mid-stream (test_engine_faults.py), torch preloaded or not (test_preload.py)
+# and (loose_tensor_ids, a test of a module that stays in the pure step) the "mpimesh" torch.distributed
+# backend's collectives, DDP, FSDP2 and DTensor.  In the pure step, alone, they were ~100 s of its
+# wall time here (CI's module times: 47 + 43 + ...); here they are a run of their own beside the others.
 loose_tensor=(tests/tensor/test_dtensor_ops.py tests/tensor/test_global_view.py tests/tensor/test_module_buckets.py
-              tests/tensor/test_module_sgd.py tests/tensor/test_engine_faults.py)
-group="mypy --strict, the examples, pip install into fresh venvs, the loose subprocess tests, the tensor engine's"
+              tests/tensor/test_module_sgd.py tests/tensor/test_engine_faults.py tests/api/test_preload.py)
+loose_tensor_ids=(tests/tools/test_mpi_backend.py::test_collectives_ddp_fsdp_dtensor)
+group="mypy --strict, the examples, pip install into fresh venvs, the loose subprocess tests, torch's"
 [ "${MPIMESH_TEST_SLURM:-${CI:-0}}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" != 0 ] && group+=", the SLURM job templates"
 [ "${MPIMESH_TEST_MPICH:-1}" != 0 ] && group+=", the MPICH venv's bootstrap"
 step "the loose group, side by side: $group"
@@ -172,8 +175,8 @@ loose "the loose subprocess tests (${loose_tests[*]})" timeout 1200 .venv/bin/py
   --color=no "$report" "${loose_tests[@]}"
 next_report
 group_reports+=("$run_no")
-loose "the tensor engine's subprocess tests (${loose_tensor[*]})" timeout 1200 .venv/bin/python -m pytest \
-  -m "not mesh" -q --color=no "$report" "${loose_tensor[@]}"
+loose "torch's subprocess tests (${loose_tensor[*]} ${loose_tensor_ids[*]})" timeout 1200 .venv/bin/python \
+  -m pytest -m "not mesh" -q --color=no "$report" "${loose_tensor[@]}" "${loose_tensor_ids[@]}"
 # The SLURM job templates on a local single-node SLURM (.ci/slurm-jobs.sh): 44 s alone, of which the
 # jobs (2-6 s each) are bounded by 120 s each and the whole by 900 s, and their checks are on output and
 # exit status, never on time; apt (the Slurm packages, when missing) is no other run's business here.
@@ -190,7 +193,7 @@ step "pure and subprocess tests"
 next_report
 timeout 1200 .venv/bin/python -m pytest -m "not mesh" -q --color=no "$report" \
   --ignore=tests/launch/test_pip_install.py --ignore=tests/examples "${loose_tests[@]/#/--ignore=}" \
-  "${loose_tensor[@]/#/--ignore=}" tests
+  "${loose_tensor[@]/#/--ignore=}" "${loose_tensor_ids[@]/#/--deselect=}" tests
 check_report
 
 mpi_runs .venv "Open MPI 5" "1 2 4"
