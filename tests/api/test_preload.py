@@ -34,7 +34,6 @@ procs.stop().get(60)
 """
 
 
-@pytest.mark.timeout(240)  # the job's own bound (180 s) and its checks: CI runs it beside other runs
 @pytest.mark.parametrize(("imports", "preload", "expect"), [
     ("import torch", "", "True"),  # the default (scripts/test.sh runs the other jobs under MPIMESH_PRELOAD=none)
     ("", "", "False"),
