@@ -139,6 +139,10 @@ step "lint: ruff"
 # fresh checkout 70-75 s of pip) is pip work beside pip work; the MPICH runs below need it.
 # loose_tests: subprocess tests of the pure step whose bounds are minutes (150-300 s) for jobs of
 # 15-40 s that wait on a death being found; they run here, not in the pure step.
+# Not here (measured 2026-11-28, two before/after pairs): the tensor engine's other subprocess tests,
+# test_preload.py and the torch.distributed backend's DDP/FSDP2 job (87 s of the pure step): the pure
+# step lost ~87 s but this group, CPU-bound on 2 cores, grew 69 and 189 s, and the op cases' job ran
+# 127 s here against 18 s alone, within reach of its 300 s bound.
 loose_tests=(tests/tensor/test_engine_heal.py tests/tensor/test_global_heal.py
              tests/roles/test_example_train_survives.py)
 group="mypy --strict, the examples, pip install into fresh venvs, the loose subprocess tests"
@@ -196,6 +200,9 @@ if [ "${MPIMESH_TEST_MPICH:-1}" != 0 ]; then
   mpi_runs .venv-mpich "MPICH 5" "1 4" no-trees
 fi
 
+# Alone, not in the loose group: under srun --mpi=pmix mpimesh turns on ULFM's heartbeat detector with
+# a 2 s timeout, and beside the loose group (load ~20 on 2 cores) the gpu template's job lost a rank
+# declared dead by it (a run here, 2026-11-28).
 if [ "${MPIMESH_TEST_SLURM:-${CI:-0}}" != 0 ] && [ "${MPIMESH_TEST_SLURM:-1}" != 0 ]; then
   step "SLURM job templates"
   timeout 900 bash .ci/slurm-jobs.sh

@@ -17,6 +17,21 @@ from mpimesh._dashboard._collect import Collector, addr_text, stack_of
 
 pytestmark = pytest.mark.mesh
 
+#: How long a busy endpoint may stay busy: its bound, not its length.  A test ends it, once it has looked,
+#: with a :class:`Releaser` on the endpoint's process, so the suite does not wait the rest out (it waited 2.5 +
+#: 1.5 + 1.5 s of every run of it, idle: CI runs the mesh suite 8 times).
+BUSY_BOUND = 30.0
+#: Set in a worker process: its busy endpoints return (each clears it as it starts).
+_released = threading.Event()
+
+
+class Releaser(Actor):
+    """Ends the busy endpoints of its process (another actor's thread, the same module globals)."""
+
+    @endpoint
+    def release(self) -> None:
+        _released.set()
+
 
 class Watched(Actor):
     @endpoint
@@ -27,8 +42,9 @@ class Watched(Actor):
 
     @endpoint
     def wait_here(self, seconds: float) -> None:
+        _released.clear()
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not _released.is_set():
             time.sleep(0.02)
 
 
@@ -55,7 +71,9 @@ def test_one_look_sees_the_mesh_its_metrics_and_a_busy_actor(procs: Any) -> None
     got = {s.source: [p[1] for p in s.points] for s in series if s.name == "collect-test"}
     assert got == {"watched[0]": [0.0, 1.0, 2.0, 3.0, 4.0], "watched[1]": [0.0, 1.0, 2.0, 3.0, 4.0]}, got
 
-    busy = watched.slice(gpus=1).wait_here.call_one(3.0)
+    releaser = procs.slice(gpus=1).spawn("releaser", Releaser)
+    releaser.initialized.get(30)
+    busy = watched.slice(gpus=1).wait_here.call_one(BUSY_BOUND)
     time.sleep(0.5)
     rank = _mesh(collector.collect(rt), "watched")["ranks"][1]
     assert rank["state"] == "busy" and rank["busy"] == "wait_here" and rank["busy_for"] > 0.2, rank
@@ -64,7 +82,9 @@ def test_one_look_sees_the_mesh_its_metrics_and_a_busy_actor(procs: Any) -> None
     threads = stack_of((int(island), int(number)))
     (mine,) = [t for t in threads if t["actor"].startswith("watched[1]")]
     assert mine["busy"] == "wait_here" and mine["frames"][-1][2] == "wait_here", mine
+    releaser.release.call_one().get(30)
     busy.get(30)
+    releaser.stop().get(30)
     watched.stop().get(30)
     assert all(m["name"] != "watched" for m in collector.collect(rt)["meshes"])
 
@@ -74,20 +94,27 @@ class WatchedAsync(Actor):
     async def wait_here(self, seconds: float) -> str:
         import asyncio
 
-        await asyncio.sleep(seconds)
+        _released.clear()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not _released.is_set():
+            await asyncio.sleep(0.02)
         return "done"
 
 
 def test_an_async_endpoint_shows_busy_until_its_coroutine_ends(procs: Any) -> None:
     watched = procs.spawn("watchedasync", WatchedAsync)
+    releaser = procs.slice(gpus=0).spawn("releaser", Releaser)
     watched.initialized.get(30)
+    releaser.initialized.get(30)
     rt = current.current()
     collector = Collector()
-    busy = watched.slice(gpus=0).wait_here.call_one(2.0)
+    busy = watched.slice(gpus=0).wait_here.call_one(BUSY_BOUND)
     time.sleep(0.5)
     rank = _mesh(collector.collect(rt), "watchedasync")["ranks"][0]
     assert rank["state"] == "busy" and rank["busy"] == "wait_here" and rank["busy_for"] > 0.2, rank
+    releaser.release.call_one().get(30)
     assert busy.get(30) == "done"
+    releaser.stop().get(30)
     rank = _mesh(collector.collect(rt), "watchedasync")["ranks"][0]
     assert rank["state"] == "running", rank
     watched.stop().get(30)
@@ -106,7 +133,11 @@ class Spawner(Actor):
 
     @endpoint
     def busy_child(self) -> None:
-        self.child.wait_here.call_one(2.0)  # not waited for: the child stays busy a while
+        self.child.wait_here.call_one(BUSY_BOUND)  # not waited for: the child stays busy until released
+
+    @endpoint
+    def release_child(self) -> None:
+        _released.set()  # the child's process is this one
 
 
 def test_an_actor_mesh_spawned_by_an_actor_has_its_grid(procs: Any) -> None:
@@ -121,6 +152,7 @@ def test_an_actor_mesh_spawned_by_an_actor_has_its_grid(procs: Any) -> None:
     time.sleep(0.5)
     (rank,) = _mesh(collector.collect(rt), "childofactor")["ranks"]
     assert rank["state"] == "busy" and rank["busy"] == "wait_here", rank
+    spawner.release_child.call_one().get(30)
     spawner.stop().get(30)  # stops what it owns: the child's grid goes
     assert all(m["name"] != "childofactor" for m in collector.collect(rt)["meshes"])
 
