@@ -260,6 +260,8 @@ class Spin:
     ) -> None: ...
     def wait(self, fut: Any, /) -> bool:
         """Poll until ``fut`` is settled (True); False where ``Progress.wait`` must go on."""
+    #: statistics: calls run by ``serve``, in C
+    served: int
     def serve(self, lane: Lane, /) -> bool:
         """A sync actor's idle wait as the leader, running each call its sites take (``Lane.run``) as it comes.
 

@@ -444,6 +444,7 @@ typedef struct {
     double spin, chunk;
     int yield_every;
     unsigned long main_ident;
+    long long served; /* statistics: calls run by serve() */
 } Spin;
 
 static int spin_traverse(Spin *self, visitproc visit, void *arg) {
@@ -676,6 +677,7 @@ static PyObject *spin_serve(Spin *self, PyObject *lane) {
             ran = mpimesh_lane_run(lane);
             if (ran == NULL) goto out_left;
             Py_DECREF(ran);
+            self->served++;
             if (PyList_Append(self->leaders, mine) < 0) goto out_left;
             mpimesh_lane_arm(lane, 1);
             handled = 1;
@@ -720,6 +722,11 @@ static PyMethodDef spin_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef spin_members[] = {
+    {"served", T_LONGLONG, offsetof(Spin, served), READONLY, "statistics: calls run by serve(), in C"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject SpinType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mpimesh._native.Spin",
     .tp_basicsize = sizeof(Spin),
@@ -731,6 +738,7 @@ static PyTypeObject SpinType = {
     .tp_traverse = (traverseproc)spin_traverse,
     .tp_clear = (inquiry)spin_clear,
     .tp_methods = spin_methods,
+    .tp_members = spin_members,
 };
 
 static int add_type(PyObject *module, const char *name, PyTypeObject *type) {

@@ -64,6 +64,14 @@ class Echo(Actor):
         self.seen.append(i)
 
     @endpoint
+    def served(self) -> int | None:
+        """Calls this process's actors ran from their idle wait in C (``Spin.served``); None without it."""
+        from mpimesh._core import current
+
+        serve = current.current().progress.serve
+        return None if serve is None else serve.__self__.served  # type: ignore[attr-defined]
+
+    @endpoint
     def history(self) -> list[int]:
         return list(self.seen)
 
@@ -683,6 +691,26 @@ def test_calls_through_a_site_in_c_keep_order_with_casts(procs: object) -> None:
             f.get(30)
         assert one.history.call_one().get() == [-1, *range(300)]
         assert mesh.slice(gpus=1).history.call_one().get(30) == [i for i in range(300) if i % 4 == 1 or i % 9 == 2]
+    finally:
+        mesh.stop().get(10)
+
+
+def test_calls_through_a_site_run_from_the_actors_wait_in_c(procs: object) -> None:
+    """On the worker, calls through a known site run from the actor's idle wait in C (Spin.serve), in order."""
+    mesh = procs.spawn("served", Echo)  # type: ignore[attr-defined]
+    try:
+        one = mesh.slice(gpus=0)
+        one.append.call_one(-1).get()
+        if not _site_in_c(one._ref, "append"):
+            pytest.skip("no call sites in C here (the mpi4py wire, or the actor on another island)")
+        before = one.served.call_one().get(30)
+        assert before is not None, "the native wire runs, but the worker has no Spin.serve"
+        for i in range(200):
+            one.append.call_one(i).get(30)
+        served = one.served.call_one().get(30) - before
+        # All but those a wait that stepped back to Python took (a gap of MPIMESH_SPIN_US without traffic).
+        assert 100 <= served <= 201, served
+        assert one.history.call_one().get(30) == [-1, *range(200)]
     finally:
         mesh.stop().get(10)
 
