@@ -511,6 +511,37 @@ static void leave(Spin *self, PyObject *mine) {
     PyErr_Restore(type, value, tb);
 }
 
+/* One poll as the token holder, then progress._polled_at = now: frames handled, 0 with the token busy
+ * (*busy set), -1 with an exception set. */
+static long poll_once(Spin *self, PyObject *poll, double chunk, double now, int *busy) {
+    PyObject *got, *when;
+    long handled;
+    int taken = try_token(self);
+    *busy = 0;
+    if (taken <= 0) {
+        *busy = taken == 0;
+        return taken;
+    }
+    when = PyFloat_FromDouble(chunk);
+    got = when == NULL ? NULL : PyObject_CallOneArg(poll, when);
+    Py_XDECREF(when);
+    if (call_method0(self->token, s_release) < 0) {
+        Py_XDECREF(got);
+        return -1;
+    }
+    if (got == NULL) return -1;
+    handled = PyLong_AsLong(got);
+    Py_DECREF(got);
+    if (handled == -1 && PyErr_Occurred()) return -1;
+    when = PyFloat_FromDouble(now);
+    if (when == NULL || PyObject_SetAttr(self->progress, s_polled_at, when) < 0) {
+        Py_XDECREF(when);
+        return -1;
+    }
+    Py_DECREF(when);
+    return handled;
+}
+
 /* spin(fut) -> bool */
 static PyObject *spin_call(Spin *self, PyObject *fut) {
     PyObject *mine, *poll, *result = NULL;
@@ -542,31 +573,13 @@ static PyObject *spin_call(Spin *self, PyObject *fut) {
     now = last_traffic = mpimesh_monotonic();
     chunk = self->chunk;
     for (;;) {
-        PyObject *got, *when;
-        long handled;
-        int taken = try_token(self);
-        if (taken < 0) goto out;
-        if (!taken) {
+        int busy;
+        long handled = poll_once(self, poll, chunk, now, &busy);
+        if (handled < 0) goto out;
+        if (busy) {
             result = Py_NewRef(Py_False); /* another thread polls: Progress.wait follows */
             goto out;
         }
-        when = PyFloat_FromDouble(chunk);
-        got = when == NULL ? NULL : PyObject_CallOneArg(poll, when);
-        Py_XDECREF(when);
-        if (call_method0(self->token, s_release) < 0) {
-            Py_XDECREF(got);
-            goto out;
-        }
-        if (got == NULL) goto out;
-        handled = PyLong_AsLong(got);
-        Py_DECREF(got);
-        if (handled == -1 && PyErr_Occurred()) goto out;
-        when = PyFloat_FromDouble(now);
-        if (when == NULL || PyObject_SetAttr(self->progress, s_polled_at, when) < 0) {
-            Py_XDECREF(when);
-            goto out;
-        }
-        Py_DECREF(when);
         done = settled(fut);
         if (done != 0) {
             if (done > 0) result = Py_NewRef(Py_True);
@@ -600,37 +613,6 @@ out:
     Py_DECREF(mine);
     Py_DECREF(poll);
     return result;
-}
-
-/* One poll as the token holder, then progress._polled_at = now: frames handled, 0 with the token busy
- * (*busy set), -1 with an exception set. */
-static long poll_once(Spin *self, PyObject *poll, double chunk, double now, int *busy) {
-    PyObject *got, *when;
-    long handled;
-    int taken = try_token(self);
-    *busy = 0;
-    if (taken <= 0) {
-        *busy = taken == 0;
-        return taken;
-    }
-    when = PyFloat_FromDouble(chunk);
-    got = when == NULL ? NULL : PyObject_CallOneArg(poll, when);
-    Py_XDECREF(when);
-    if (call_method0(self->token, s_release) < 0) {
-        Py_XDECREF(got);
-        return -1;
-    }
-    if (got == NULL) return -1;
-    handled = PyLong_AsLong(got);
-    Py_DECREF(got);
-    if (handled == -1 && PyErr_Occurred()) return -1;
-    when = PyFloat_FromDouble(now);
-    if (when == NULL || PyObject_SetAttr(self->progress, s_polled_at, when) < 0) {
-        Py_XDECREF(when);
-        return -1;
-    }
-    Py_DECREF(when);
-    return handled;
 }
 
 /* serve(lane) -> bool: a sync actor's idle wait (SyncRunner._main), as the leader, running each call the
