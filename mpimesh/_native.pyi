@@ -92,6 +92,10 @@ class Lane:
     #: set by the actor's thread while it waits, idle, for mail
     armed: bool
     tid: int
+    #: calls its sites ran in C (``ActorCell.calls`` adds them)
+    calls: int
+    #: ``(method, time.monotonic() at its start)`` while a call runs here, else None (``ActorCell.busy``)
+    busy: tuple[str, float] | None
 
     def __init__(self, mailbox: Any, lifecycle: Any, running: Any, tid: int) -> None: ...
     def ready(self) -> bool:
@@ -105,7 +109,6 @@ class Site:
     Args:
         lane: the actor.
         fn, var, ctx: the bound endpoint, the context variable and the site's Context.
-        cell: the actor's cell, whose ``calls`` and ``busy`` it keeps.
         method, index: the method's name and the message's index.
         dest, island, rank: the caller's address, its island, and its rank on the link the reply leaves on.
         routes, routed, peers: the router's routes table, what it must map ``island`` to (the link,
@@ -124,7 +127,7 @@ class Site:
     runs: int
 
     def __init__(
-        self, *, lane: Lane, fn: Any, var: Any, ctx: Any, cell: Any, method: str, index: int,
+        self, *, lane: Lane, fn: Any, var: Any, ctx: Any, method: str, index: int,
         dest: tuple[int, int], island: int, rank: int, routes: dict[int, Any], routed: Any, peers: dict[Any, Any],
         outs: dict[int, Out], sender: Sender, outbox: Any, dead: dict[tuple[int, int], str], reply_kind: int,
         value_status: int, finish: Any, hold: Any, send_failed: Any, slow: Any,

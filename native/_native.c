@@ -3,6 +3,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "call.h"
 #include "cuda_aware.h"
 #include "fastpickle.h"
 #include "site.h"
@@ -14,10 +15,6 @@ PyObject *mpimesh_ulfm_beat_start(PyObject *self, PyObject *args);
 PyObject *mpimesh_ulfm_beat_stop(PyObject *self, PyObject *args);
 PyObject *mpimesh_ulfm_beat_hold(PyObject *self, PyObject *args);
 PyObject *mpimesh_ulfm_beat_release(PyObject *self, PyObject *args);
-/* The controller's call_one().get() through a call site (call.c). */
-int mpimesh_call_add(PyObject *module);
-/* Endpoint.call_one without a Python frame (callone.c). */
-int mpimesh_callone_add(PyObject *module);
 
 static PyObject *cuda_compile_time(PyObject *self, PyObject *unused) {
     (void)self;

@@ -44,13 +44,15 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "call.h"
 #include "clock.h"
 #include "site.h"
 #include "spin.h"
+#include "wire.h"
 
 /* Interned attribute names, made once by mpimesh_call_add. */
-static PyObject *s_made, *s_state, *s_result, *s_what_, *s_what, *s_pending, *s_shape, *s_rank, *s_actor, *s_enrolled,
-    *s_polls, *s_post, *s_acquire, *s_release, *s_polled_at, *s_main_thread_polls, *s_link, *s_poll;
+static PyObject *s_info, *s_made, *s_state, *s_result, *s_enrolled,
+    *s_polls, *s_acquire, *s_release, *s_polled_at, *s_main_thread_polls, *s_link, *s_poll, *s_call;
 
 /* Whether a future's _state is settled (FINISHED or CANCELLED*); -1 with an exception set. */
 static int settled(PyObject *fut) {
@@ -63,8 +65,9 @@ static int settled(PyObject *fut) {
     return rc;
 }
 
-static int call_method0(PyObject *obj, PyObject *name) {
-    PyObject *rc = PyObject_CallMethodNoArgs(obj, name);
+/* fn(), its result dropped: 0, or -1 with an exception set */
+static int call0(PyObject *fn) {
+    PyObject *rc = PyObject_CallNoArgs(fn);
     if (rc == NULL) return -1;
     Py_DECREF(rc);
     return 0;
@@ -76,11 +79,13 @@ typedef struct {
     PyObject_HEAD
     PyObject *sender, *out, *outbox, *hold, *failed, *routes, *open, *ids, *dead, *multicast, *one_type;
     PyObject *kind, *number, *addr, *pending, *shape, *rank, *actor;
+    /* the last call's future attributes, (name, what, pending, shape, rank, actor): OneReply._info */
+    PyObject *info;
 } Site;
 
 #define SITE_FIELDS(X) \
     X(sender) X(out) X(outbox) X(hold) X(failed) X(routes) X(open) X(ids) X(dead) X(multicast) X(one_type) X(kind) X(number) X(addr) X(pending) \
-    X(shape) X(rank) X(actor)
+    X(shape) X(rank) X(actor) X(info)
 
 static int site_traverse(Site *self, visitproc visit, void *arg) {
 #define VISIT(f) Py_VISIT(self->f);
@@ -149,17 +154,23 @@ static int site_unusual(Site *self) {
     return rc;
 }
 
-/* A OneReply for this call, made as OneReply.__init__ makes it (new reference). */
+/* A OneReply for this call (new reference): its attributes in one tuple, OneReply._info, which the
+ * next call of the same endpoint object (the same name and what) shares; OneReply.__init__ would set
+ * six attributes, which cost more than the rest of the future. */
 static PyObject *site_future(Site *self, PyObject *name, PyObject *what) {
     PyTypeObject *type = (PyTypeObject *)self->one_type;
-    PyObject *empty = PyTuple_New(0), *fut;
+    PyObject *empty, *fut;
+    if (self->info == NULL || PyTuple_GET_ITEM(self->info, 0) != name || PyTuple_GET_ITEM(self->info, 1) != what) {
+        PyObject *info = PyTuple_Pack(6, name, what, self->pending, self->shape, self->rank, self->actor);
+        if (info == NULL) return NULL;
+        Py_XSETREF(self->info, info);
+    }
+    empty = PyTuple_New(0);
     if (empty == NULL) return NULL;
     fut = type->tp_new(type, empty, NULL);
     Py_DECREF(empty);
     if (fut == NULL) return NULL;
-    if (PyObject_SetAttr(fut, s_what_, name) < 0 || PyObject_SetAttr(fut, s_what, what) < 0 ||
-        PyObject_SetAttr(fut, s_pending, self->pending) < 0 || PyObject_SetAttr(fut, s_shape, self->shape) < 0 ||
-        PyObject_SetAttr(fut, s_rank, self->rank) < 0 || PyObject_SetAttr(fut, s_actor, self->actor) < 0) {
+    if (PyObject_SetAttr(fut, s_info, self->info) < 0) {
         Py_DECREF(fut);
         return NULL;
     }
@@ -168,14 +179,10 @@ static PyObject *site_future(Site *self, PyObject *name, PyObject *what) {
 
 /* Send frame on out as NativeWire.send does, for fut on port pid: 0 done, -1 error. */
 static int site_send(Site *self, PyObject *frame, PyObject *fut, PyObject *pid) {
-    PyObject *polls, *argv[4], *data;
+    PyObject *polls, *data;
     polls = PyObject_GetAttr(self->outbox, s_polls);
     if (polls == NULL) return -1;
-    argv[0] = self->sender;
-    argv[1] = self->out;
-    argv[2] = frame;
-    argv[3] = polls;
-    data = PyObject_VectorcallMethod(s_post, argv, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    data = mpimesh_sender_post(self->sender, self->out, frame, polls);
     Py_DECREF(polls);
     if (data == NULL) {
         /* an MPI error (a peer's failure among them): failed() does what the Python path does */
@@ -247,6 +254,19 @@ fail:
     return NULL;
 }
 
+static PyTypeObject SiteType;
+
+PyObject *mpimesh_callsite_call(PyObject *site, PyObject *name, PyObject *what, PyObject *args) {
+    if (!Py_IS_TYPE(site, &SiteType)) {
+        PyObject *argv[4] = {site, name, what, args};
+        return PyObject_VectorcallMethod(s_call, argv, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    {
+        PyObject *argv[3] = {name, what, args};
+        return site_call((Site *)site, argv, 3);
+    }
+}
+
 static PyMethodDef site_methods[] = {
     {"call", (PyCFunction)(void (*)(void))site_call, METH_FASTCALL,
      "call(name, what, args) -> OneReply | None\n\nCall through the site; None: take the Python path (native/call.c)."},
@@ -279,6 +299,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *open, *fallback, *lock, *one_type, *finished;
+    PyObject *acquire, *release; /* the lock's, bound once */
     long value;
 } Replies;
 
@@ -288,6 +309,8 @@ static int replies_traverse(Replies *self, visitproc visit, void *arg) {
     Py_VISIT(self->lock);
     Py_VISIT(self->one_type);
     Py_VISIT(self->finished);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
     return 0;
 }
 
@@ -297,6 +320,8 @@ static int replies_clear(Replies *self) {
     Py_CLEAR(self->lock);
     Py_CLEAR(self->one_type);
     Py_CLEAR(self->finished);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
     return 0;
 }
 
@@ -314,7 +339,7 @@ static int settle_unwatched(Replies *self, PyObject *fut, PyObject *value) {
     busy = PyObject_IsTrue(made);
     Py_DECREF(made);
     if (busy) return busy < 0 ? -1 : 0;
-    if (call_method0(self->lock, s_acquire) < 0) return -1;
+    if (call0(self->acquire) < 0) return -1;
     /* again under the lock: a thread making the condition now sees the state settled */
     made = PyObject_GetAttr(fut, s_made);
     if (made == NULL) {
@@ -335,11 +360,11 @@ static int settle_unwatched(Replies *self, PyObject *fut, PyObject *value) {
     if (rc < 0) {
         PyObject *type, *value_, *tb;
         PyErr_Fetch(&type, &value_, &tb);
-        if (call_method0(self->lock, s_release) < 0) PyErr_Clear();
+        if (call0(self->release) < 0) PyErr_Clear();
         PyErr_Restore(type, value_, tb);
         return -1;
     }
-    if (call_method0(self->lock, s_release) < 0) return -1;
+    if (call0(self->release) < 0) return -1;
     return rc;
 }
 
@@ -390,6 +415,9 @@ static int replies_init(Replies *self, PyObject *args, PyObject *kwds) {
                                      &PyType_Type, &one_type, &value, &finished))
         return -1;
     replies_clear(self);
+    if ((self->acquire = PyObject_GetAttr(lock, s_acquire)) == NULL ||
+        (self->release = PyObject_GetAttr(lock, s_release)) == NULL)
+        return -1;
     Py_INCREF(open);
     self->open = open;
     Py_INCREF(fallback);
@@ -441,6 +469,7 @@ static PyTypeObject RepliesType = {
 typedef struct {
     PyObject_HEAD
     PyObject *progress, *token, *leaders;
+    PyObject *acquire, *release; /* the token's, bound once */
     double spin, chunk;
     int yield_every;
     unsigned long main_ident;
@@ -451,6 +480,8 @@ static int spin_traverse(Spin *self, visitproc visit, void *arg) {
     Py_VISIT(self->progress);
     Py_VISIT(self->token);
     Py_VISIT(self->leaders);
+    Py_VISIT(self->acquire);
+    Py_VISIT(self->release);
     return 0;
 }
 
@@ -458,6 +489,8 @@ static int spin_clear(Spin *self) {
     Py_CLEAR(self->progress);
     Py_CLEAR(self->token);
     Py_CLEAR(self->leaders);
+    Py_CLEAR(self->acquire);
+    Py_CLEAR(self->release);
     return 0;
 }
 
@@ -478,6 +511,9 @@ static int spin_init(Spin *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     spin_clear(self);
+    if ((self->acquire = PyObject_GetAttr(token, s_acquire)) == NULL ||
+        (self->release = PyObject_GetAttr(token, s_release)) == NULL)
+        return -1;
     Py_INCREF(progress);
     self->progress = progress;
     Py_INCREF(token);
@@ -489,7 +525,7 @@ static int spin_init(Spin *self, PyObject *args, PyObject *kwds) {
 
 /* token.acquire(False): 1 taken, 0 busy, -1 error. */
 static int try_token(Spin *self) {
-    PyObject *rc = PyObject_CallMethodOneArg(self->token, s_acquire, Py_False);
+    PyObject *rc = PyObject_CallOneArg(self->acquire, Py_False);
     int taken;
     if (rc == NULL) return -1;
     taken = PyObject_IsTrue(rc);
@@ -525,7 +561,7 @@ static long poll_once(Spin *self, PyObject *poll, double chunk, double now, int 
     when = PyFloat_FromDouble(chunk);
     got = when == NULL ? NULL : PyObject_CallOneArg(poll, when);
     Py_XDECREF(when);
-    if (call_method0(self->token, s_release) < 0) {
+    if (call0(self->release) < 0) {
         Py_XDECREF(got);
         return -1;
     }
@@ -736,12 +772,11 @@ static int add_type(PyObject *module, const char *name, PyTypeObject *type) {
 int mpimesh_call_add(PyObject *module) {
 #define INTERN(var, text) \
     if ((var = PyUnicode_InternFromString(text)) == NULL) return -1;
-    INTERN(s_made, "_made") INTERN(s_state, "_state") INTERN(s_result, "_result") INTERN(s_what_, "_what")
-    INTERN(s_what, "what") INTERN(s_pending, "pending") INTERN(s_shape, "shape") INTERN(s_rank, "rank")
-    INTERN(s_actor, "actor") INTERN(s_enrolled, "enrolled") INTERN(s_polls, "polls") INTERN(s_post, "post")
+    INTERN(s_info, "_info") INTERN(s_made, "_made") INTERN(s_state, "_state") INTERN(s_result, "_result")
+    INTERN(s_enrolled, "enrolled") INTERN(s_polls, "polls")
     INTERN(s_acquire, "acquire") INTERN(s_release, "release") INTERN(s_polled_at, "_polled_at")
     INTERN(s_main_thread_polls, "main_thread_polls")
-    INTERN(s_link, "link") INTERN(s_poll, "_poll")
+    INTERN(s_link, "link") INTERN(s_call, "call") INTERN(s_poll, "_poll")
 #undef INTERN
     if (add_type(module, "CallSite", &SiteType) < 0 || add_type(module, "Replies", &RepliesType) < 0 ||
         add_type(module, "Spin", &SpinType) < 0)

@@ -26,7 +26,9 @@
 
 #include <structmember.h>
 
-static PyObject *s_stopped, *s_call;
+#include "call.h"
+
+static PyObject *s_stopped;
 
 typedef struct {
     PyObject_HEAD
@@ -110,10 +112,7 @@ static PyObject *callone_vectorcall(CallOne *self, PyObject *const *args, size_t
                     PyTuple_SET_ITEM(tuple, i, args[i]);
                 }
                 Py_INCREF(site);
-                {
-                    PyObject *call[4] = {site, self->name, self->what, tuple};
-                    made = PyObject_VectorcallMethod(s_call, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-                }
+                made = mpimesh_callsite_call(site, self->name, self->what, tuple);
                 Py_DECREF(site);
                 Py_DECREF(tuple);
                 if (made == NULL || made != Py_None) return made;
@@ -183,7 +182,6 @@ static PyTypeObject CallOneType = {
 
 int mpimesh_callone_add(PyObject *module) {
     if ((s_stopped = PyUnicode_InternFromString("_stopped")) == NULL) return -1;
-    if ((s_call = PyUnicode_InternFromString("call")) == NULL) return -1;
     if (PyType_Ready(&CallOneType) < 0) return -1;
     Py_INCREF(&CallOneType);
     if (PyModule_AddObject(module, "CallOne", (PyObject *)&CallOneType) < 0) {

@@ -37,6 +37,8 @@
 #include "clock.h"
 #include "fastpickle.h"
 
+static PyObject *str_post; /* "post", for a sender that is not a Sender */
+
 /* --- Out ------------------------------------------------------------------ */
 
 typedef struct {
@@ -359,6 +361,19 @@ unlock:
     return result;
 }
 
+static PyTypeObject SenderType;
+
+PyObject *mpimesh_sender_post(PyObject *sender, PyObject *out, PyObject *frame, PyObject *polls) {
+    if (!Py_IS_TYPE(sender, &SenderType)) {
+        PyObject *argv[4] = {sender, out, frame, polls};
+        return PyObject_VectorcallMethod(str_post, argv, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    {
+        PyObject *args[3] = {out, frame, polls};
+        return sender_post((Sender *)sender, args, 3);
+    }
+}
+
 /* reap() -> int: the sends still in flight (call it holding the lock). */
 static PyObject *sender_reap(Sender *self, PyObject *unused) {
     (void)unused;
@@ -424,6 +439,7 @@ static PyTypeObject SenderType = {
 };
 
 int mpimesh_post_add(PyObject *module) {
+    if (str_post == NULL && (str_post = PyUnicode_InternFromString("post")) == NULL) return -1;
     if (PyType_Ready(&OutType) < 0 || PyType_Ready(&SenderType) < 0) return -1;
     Py_INCREF(&OutType);
     if (PyModule_AddObject(module, "Out", (PyObject *)&OutType) < 0) {

@@ -18,13 +18,15 @@
  *   Lane(mailbox, lifecycle, running, tid)   one sync actor: its mailbox (a
  *       deque), its Lifecycle and the phase it must be in (Phase.RUNNING),
  *       its thread's id, and the one call taken; `armed` is set by that
- *       thread (SyncRunner._main) only while it waits, idle, for mail;
- *   Site(lane, fn, var, ctx, cell, method, index, dest, island, rank,
+ *       thread (SyncRunner._main) only while it waits, idle, for mail.  It
+ *       counts the calls run here (`calls`) and says which one runs since
+ *       when (`busy`), in C fields: the actor's cell adds them to its own
+ *       (ActorCell.calls and busy, which the dashboard reads);
+ *   Site(lane, fn, var, ctx, method, index, dest, island, rank,
  *        routes, routed, peers, outs, sender, outbox, dead, reply_kind,
  *        value_status, finish, hold, send_failed, slow)
  *       one call site: the bound endpoint, the context variable and the
- *       site's Context, the actor's cell (its `calls` and `busy`, which the
- *       dashboard reads), the method's name and the message's index, and
+ *       site's Context, the method's name and the message's index, and
  *       the reply's way (Router.direct_route): the caller's address, its
  *       island and its rank on the link the reply leaves on, the router's
  *       routes table and what it must map the island to (that link, or None
@@ -50,6 +52,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "wire.h"
 
 #include "pythread.h"
 
@@ -59,6 +62,10 @@ typedef struct {
     PyObject_HEAD
     PyObject *mailbox, *lifecycle, *running;
     PyObject *site, *pid, *args; /* the call taken, not yet run (site NULL: none) */
+    /* the dashboard's: calls run here, and the method running (NULL: none) since when */
+    long long calls;
+    PyObject *busy;
+    double since;
     unsigned long tid;
     char armed;
 } Lane;
@@ -70,6 +77,7 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg) {
     Py_VISIT(self->site);
     Py_VISIT(self->pid);
     Py_VISIT(self->args);
+    Py_VISIT(self->busy);
     return 0;
 }
 
@@ -80,6 +88,7 @@ static int lane_clear(Lane *self) {
     Py_CLEAR(self->site);
     Py_CLEAR(self->pid);
     Py_CLEAR(self->args);
+    Py_CLEAR(self->busy);
     return 0;
 }
 
@@ -131,7 +140,26 @@ static PyMethodDef lane_methods[] = {
 static PyMemberDef lane_members[] = {
     {"armed", T_BOOL, offsetof(Lane, armed), 0, "set by the actor's thread while it waits, idle, for mail"},
     {"tid", T_ULONG, offsetof(Lane, tid), READONLY, "the actor's thread (threading.get_ident())"},
+    {"calls", T_LONGLONG, offsetof(Lane, calls), READONLY, "calls its sites ran in C (the dashboard's count)"},
     {NULL, 0, 0, 0, NULL},
+};
+
+/* busy: (method, time.monotonic() at its start) while a call runs here, else None */
+static PyObject *lane_get_busy(Lane *self, void *closure) {
+    PyObject *since, *busy;
+    (void)closure;
+    if (self->busy == NULL) Py_RETURN_NONE;
+    since = PyFloat_FromDouble(self->since);
+    if (since == NULL) return NULL;
+    busy = PyTuple_Pack(2, self->busy, since);
+    Py_DECREF(since);
+    return busy;
+}
+
+static PyGetSetDef lane_getset[] = {
+    {"busy", (getter)lane_get_busy, NULL, "(method, time.monotonic() at its start) while a call runs here, else None",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject LaneType = {
@@ -146,16 +174,17 @@ static PyTypeObject LaneType = {
     .tp_clear = (inquiry)lane_clear,
     .tp_methods = lane_methods,
     .tp_members = lane_members,
+    .tp_getset = lane_getset,
 };
 
 /* --- Site ----------------------------------------------------------------- */
 
-#define SITE_FIELDS 23
+#define SITE_FIELDS 22
 
 typedef struct {
     PyObject_HEAD
     /* in the constructor's order; `lane` is a Lane */
-    PyObject *lane, *fn, *var, *ctx, *cell, *method, *index, *dest, *island, *rank, *routes, *routed, *peers, *outs,
+    PyObject *lane, *fn, *var, *ctx, *method, *index, *dest, *island, *rank, *routes, *routed, *peers, *outs,
         *sender, *outbox, *dead, *reply_kind, *value_status, *finish, *hold, *send_failed, *slow;
     long long runs;
 } Site;
@@ -181,17 +210,17 @@ static void site_dealloc(Site *self) {
 }
 
 static int site_init(Site *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"lane", "fn", "var", "ctx", "cell", "method", "index", "dest", "island", "rank",
+    static char *names[] = {"lane", "fn", "var", "ctx", "method", "index", "dest", "island", "rank",
                             "routes", "routed", "peers", "outs", "sender", "outbox", "dead", "reply_kind",
                             "value_status",
                             "finish", "hold", "send_failed", "slow", NULL};
     PyObject *got[SITE_FIELDS];
     PyObject **field = site_fields(self);
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOOOO!OO!O!OOO!OOOOOO:Site", names, &LaneType, &got[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOOO!OO!O!OOO!OOOOOO:Site", names, &LaneType, &got[0],
                                      &got[1], &got[2], &got[3], &got[4], &got[5], &got[6], &got[7], &got[8],
-                                     &got[9], &PyDict_Type, &got[10], &got[11], &PyDict_Type, &got[12],
-                                     &PyDict_Type, &got[13], &got[14], &got[15], &PyDict_Type, &got[16], &got[17],
-                                     &got[18], &got[19], &got[20], &got[21], &got[22]))
+                                     &PyDict_Type, &got[9], &got[10], &PyDict_Type, &got[11], &PyDict_Type,
+                                     &got[12], &got[13], &got[14], &PyDict_Type, &got[15], &got[16], &got[17],
+                                     &got[18], &got[19], &got[20], &got[21]))
         return -1;
     if (!PyContextVar_CheckExact(got[2])) {
         PyErr_SetString(PyExc_TypeError, "Site: var must be a contextvars.ContextVar");
@@ -224,7 +253,7 @@ static PyTypeObject SiteType = {
 
 /* --- running a call --------------------------------------------------------- */
 
-static PyObject *str_calls, *str_busy, *str_phase, *str_polls, *str_post, *one;
+static PyObject *str_phase, *str_polls;
 
 /* serialize.ATOMS: answered in the frame itself */
 static int is_atom(PyObject *value) {
@@ -251,10 +280,7 @@ static int reply_value(Site *self, PyObject *out, PyObject *pid, PyObject *value
         Py_DECREF(frame);
         return -1;
     }
-    {
-        PyObject *argv[4] = {self->sender, out, frame, polls};
-        data = PyObject_VectorcallMethod(str_post, argv, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    }
+    data = mpimesh_sender_post(self->sender, out, frame, polls);
     Py_DECREF(polls);
     Py_DECREF(frame);
     if (data == NULL) {
@@ -273,25 +299,15 @@ static int reply_value(Site *self, PyObject *out, PyObject *pid, PyObject *value
     return rc;
 }
 
-/* The call itself, in the site's context, with the cell's bookkeeping (Invoker._invoke's). */
+/* The call itself, in the site's context, with the actor's bookkeeping (Invoker._invoke's, in the lane). */
 static int run(Site *self, PyObject *out, PyObject *pid, PyObject *args) {
-    PyObject *calls, *now, *busy, *token, *result;
+    Lane *lane = (Lane *)self->lane;
+    PyObject *token, *result;
     int rc;
-    calls = PyObject_GetAttr(self->cell, str_calls);
-    if (calls == NULL) return -1;
-    Py_SETREF(calls, PyNumber_Add(calls, one));
-    if (calls == NULL) return -1;
-    rc = PyObject_SetAttr(self->cell, str_calls, calls);
-    Py_DECREF(calls);
-    if (rc < 0) return -1;
-    now = PyFloat_FromDouble(mpimesh_monotonic());
-    if (now == NULL) return -1;
-    busy = PyTuple_Pack(2, self->method, now);
-    Py_DECREF(now);
-    if (busy == NULL) return -1;
-    rc = PyObject_SetAttr(self->cell, str_busy, busy);
-    Py_DECREF(busy);
-    if (rc < 0) return -1;
+    lane->calls++;
+    Py_INCREF(self->method);
+    Py_XSETREF(lane->busy, self->method);
+    lane->since = mpimesh_monotonic();
     token = PyContextVar_Set(self->var, self->ctx);
     if (token == NULL) return -1;
     result = PyObject_Call(self->fn, args, NULL);
@@ -300,8 +316,8 @@ static int run(Site *self, PyObject *out, PyObject *pid, PyObject *args) {
         PyErr_Fetch(&type, &exc, &tb);
         PyErr_NormalizeException(&type, &exc, &tb);
         if (tb != NULL) PyException_SetTraceback(exc, tb);
-        rc = PyObject_SetAttr(self->cell, str_busy, Py_None);
-        if (rc == 0) {
+        Py_CLEAR(lane->busy);
+        {
             PyObject *argv[3] = {pid, Py_None, exc};
             rc = call_drop(self->finish, argv, 3);
         }
@@ -309,14 +325,12 @@ static int run(Site *self, PyObject *out, PyObject *pid, PyObject *args) {
         Py_XDECREF(exc);
         Py_XDECREF(tb);
     } else {
-        rc = PyObject_SetAttr(self->cell, str_busy, Py_None);
-        if (rc == 0) {
-            if (is_atom(result)) {
-                rc = reply_value(self, out, pid, result);
-            } else {
-                PyObject *argv[3] = {pid, result, Py_None};
-                rc = call_drop(self->finish, argv, 3);
-            }
+        Py_CLEAR(lane->busy);
+        if (is_atom(result)) {
+            rc = reply_value(self, out, pid, result);
+        } else {
+            PyObject *argv[3] = {pid, result, Py_None};
+            rc = call_drop(self->finish, argv, 3);
         }
         Py_DECREF(result);
     }
@@ -422,16 +436,10 @@ Py_ssize_t mpimesh_lane_mail(PyObject *lane) {
 PyObject *mpimesh_lane_run(PyObject *lane) { return lane_run((Lane *)lane, NULL); }
 
 int mpimesh_site_add(PyObject *module) {
-    if (str_calls == NULL) {
-        str_calls = PyUnicode_InternFromString("calls");
-        str_busy = PyUnicode_InternFromString("busy");
+    if (str_phase == NULL) {
         str_phase = PyUnicode_InternFromString("phase");
         str_polls = PyUnicode_InternFromString("polls");
-        str_post = PyUnicode_InternFromString("post");
-        one = PyLong_FromLong(1);
-        if (str_calls == NULL || str_busy == NULL || str_phase == NULL || str_polls == NULL || str_post == NULL ||
-            one == NULL)
-            return -1;
+        if (str_phase == NULL || str_polls == NULL) return -1;
     }
     if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&SiteType) < 0) return -1;
     Py_INCREF(&LaneType);

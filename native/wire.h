@@ -39,6 +39,10 @@ int mpimesh_wire_bound(void);
 /* An mpi4py communicator handle (an int) to the communicator; 0 with an exception set if not one. */
 int mpimesh_wire_handle(PyObject *obj, MPI_Comm *comm);
 
+/* sender.post(out, frame, polls) of a Sender (post.c), called from C without a method lookup; any other
+ * object's post method is called.  NULL with an exception set. */
+PyObject *mpimesh_sender_post(PyObject *sender, PyObject *out, PyObject *frame, PyObject *polls);
+
 /* The heartbeat thread (beat.c). */
 PyObject *mpimesh_beat_start(PyObject *self, PyObject *args);
 PyObject *mpimesh_beat_stop(PyObject *self, PyObject *args);

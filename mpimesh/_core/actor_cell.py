@@ -80,10 +80,11 @@ class ActorCell:
         #: the exception of the last call that failed, its traceback kept for
         #: ``mpimesh.debug.pm`` (one per actor, dropped when the actor stops)
         self.last_error: BaseException | None = None
-        #: ``(endpoint, time.monotonic() at its start)`` while a sync endpoint runs, for the dashboard
-        self.busy: tuple[str, float] | None = None
-        #: calls taken, and bytes of their pickled arguments (the dashboard's rates)
-        self.calls = 0
+        # What the Python path runs (Invoker): the endpoint running and since when, the calls
+        # taken; the calls a native call site runs are the lane's (calls, busy).
+        self.py_busy: tuple[str, float] | None = None
+        self.py_calls = 0
+        #: bytes of the calls' pickled arguments (the dashboard's rates)
         self.call_bytes = 0
         addr = runtime.addr
         self.actor_id = f"{name}[{point.rank}]@{addr[0]}.{addr[1]}"
@@ -104,6 +105,19 @@ class ActorCell:
         self.thread = self.runner.thread
         #: set once the actor's thread has ended
         self.finished = self.runner.finished
+
+    @property
+    def busy(self) -> tuple[str, float] | None:
+        """``(endpoint, time.monotonic() at its start)`` while a sync endpoint runs, else None (the dashboard's)."""
+        lane = getattr(self.runner, "lane", None)
+        busy = lane.busy if lane is not None else None
+        return busy if busy is not None else self.py_busy
+
+    @property
+    def calls(self) -> int:
+        """The calls taken: by the Python path and by the native call sites (the dashboard's rates)."""
+        lane = getattr(self.runner, "lane", None)
+        return self.py_calls + (lane.calls if lane is not None else 0)
 
     @property
     def abandoned(self) -> bool:

@@ -90,8 +90,8 @@ class Cell(Protocol):
     header: str
     class_path: str
     last_error: BaseException | None
-    busy: tuple[str, float] | None
-    calls: int
+    py_busy: tuple[str, float] | None
+    py_calls: int
     call_bytes: int
 
     def report_fault(self, exc: BaseException, where: str) -> None: ...
@@ -212,8 +212,8 @@ class Invoker:
         if the endpoint raises.
         """
         cell = self._cell
-        cell.calls += 1
-        cell.busy = (method, time.monotonic())
+        cell.py_calls += 1
+        cell.py_busy = (method, time.monotonic())
         try:
             result = fn(*args, **kwargs) if kwargs else fn(*args)  # no dict built for the common call
             if type(result) not in _NOT_AWAITABLE and inspect.isawaitable(result):
@@ -223,10 +223,10 @@ class Invoker:
                 pending.append(self._finish_async(result, port, index, method, _context_var.get(), failed_port))
                 return
         except BaseException as exc:
-            cell.busy = None
+            cell.py_busy = None
             self._failed(exc, port, index, method, failed_port)
         else:
-            cell.busy = None
+            cell.py_busy = None
             if port is not None and type(result) in _SCALARS:
                 self._runtime.reply_value(port[0], port[1], index, result)  # plain data: cannot fail to pickle
             else:
@@ -289,7 +289,7 @@ class Invoker:
             self._awaiting.pop(key, None)
             if not concurrent:
                 self._main_key = None
-                self._cell.busy = None
+                self._cell.py_busy = None
             _context_var.reset(token)
 
     def _claim(self, key: int) -> bool:

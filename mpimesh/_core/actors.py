@@ -155,7 +155,7 @@ class ActorHost:
 
         self.native_sites = table = serve(Kind.SITE_CALL)
         table[number] = _native.Site(
-            lane=runner.lane, fn=site.fn, var=_context_var, ctx=site.ctx, cell=actor, method=site.method,
+            lane=runner.lane, fn=site.fn, var=_context_var, ctx=site.ctx, method=site.method,
             index=site.point[0], dest=dest, island=dest[0], rank=rank, routes=routes, routed=routed, peers=peers,
             dead=self.runtime.dead, reply_kind=Kind.REPLY, value_status=Status.VALUE,
             finish=partial(actor.invoker.site_done, site), send_failed=send_failed,

@@ -132,6 +132,31 @@ def _settle(fut: Future[Any], fn: Callable[[], Any]) -> None:
         fut.set_result(value)
 
 
+class _Info:
+    """An attribute of a OneReply that a native call site made: an item of its ``_info`` tuple.
+
+    ``CallSite.call`` (native/call.c) sets one attribute, ``_info`` (the
+    name, what, pending, shape, rank and actor that ``__init__`` would set
+    one by one, shared by the calls of one endpoint object), where six
+    attribute sets cost more than the rest of making the future.  A
+    non-data descriptor: what ``__init__`` sets hides it.
+    """
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        info = obj._info
+        if info is None:
+            raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r}")
+        return info[self.index]
+
+
 class OneReply(Future[Any], Receiver):
     """A future that exactly one reply settles: its own receiver.
 
@@ -141,6 +166,15 @@ class OneReply(Future[Any], Receiver):
         source: the process that will answer.
         shape, rank: the mesh and rank called, to say where a failure happened.
     """
+
+    # A native call site's future (native/call.c) has only ``_info``; these read it.
+    _info: tuple[str, str, tuple[Addr], Shape | None, int, str] | None = None
+    _what = _Info(0)
+    what = _Info(1)
+    pending = _Info(2)
+    shape = _Info(3)
+    rank = _Info(4)
+    actor = _Info(5)
 
     def __init__(self, name: str, what: str, source: Addr, shape: Shape | None = None, rank: int = 0) -> None:
         self._what = name  # Future's own name (see Future.__init__)

@@ -76,6 +76,15 @@ class Echo(Actor):
         return list(self.seen)
 
     @endpoint
+    def looked(self, i: int) -> str:
+        """What the dashboard's look at this process sees of this actor while this call runs: busy, calls."""
+        from mpimesh._core import current
+        from mpimesh._dashboard._probe import _actors
+
+        me = next(a for a in _actors(current.current()) if a["actor_id"] == context().actor_instance.actor_id)
+        return f"{i} {me['busy']} {me['calls']} {me['busy_for'] >= 0}"
+
+    @endpoint
     def stamp(self, i: int) -> None:
         self.seen.append(i)
         self.stamped = time.monotonic()
@@ -712,6 +721,10 @@ def test_calls_through_a_site_run_from_the_actors_wait_in_c(procs: object) -> No
         # All but those a wait that stepped back to Python took (a gap of MPIMESH_SPIN_US without traffic).
         assert 100 <= served <= 201, served
         assert one.history.call_one().get(30) == [-1, *range(200)]
+        # The dashboard sees a call run in C as busy, and counts it (the lane's figures, in the cell's).
+        looked = [one.looked.call_one(i).get(30) for i in range(20)]
+        assert looked == [f"{i} looked {205 + i} True" for i in range(20)], looked
+        assert one.served.call_one().get(30) - before > served
     finally:
         mesh.stop().get(10)
 
