@@ -91,6 +91,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (mpimesh_pump_add(m) < 0 || mpimesh_post_add(m) < 0 || mpimesh_site_add(m) < 0 ||
-                      mpimesh_call_add(m) < 0 || mpimesh_callone_add(m) < 0)) Py_CLEAR(m);
+                      mpimesh_call_add(m) < 0 || mpimesh_callone_add(m) < 0 ||
+                      mpimesh_getter_add(m) < 0)) Py_CLEAR(m);
     return m;
 }

@@ -299,7 +299,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *open, *fallback, *lock, *one_type, *finished;
-    PyObject *acquire, *release; /* the lock's, bound once */
+    PyObject *acquire, *release, *locked; /* the lock's, bound once */
     long value;
 } Replies;
 
@@ -311,6 +311,7 @@ static int replies_traverse(Replies *self, visitproc visit, void *arg) {
     Py_VISIT(self->finished);
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
+    Py_VISIT(self->locked);
     return 0;
 }
 
@@ -322,6 +323,7 @@ static int replies_clear(Replies *self) {
     Py_CLEAR(self->finished);
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
+    Py_CLEAR(self->locked);
     return 0;
 }
 
@@ -331,32 +333,42 @@ static void replies_dealloc(Replies *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Settle fut with value as Future._settle_unwatched does: 1 done, 0 not (the Python path must), -1 error. */
-static int settle_unwatched(Replies *self, PyObject *fut, PyObject *value) {
+/* The settle itself, with the lazy lock held or its equivalent (below): 1 done, 0 not, -1 error. */
+static int settle_held(Replies *self, PyObject *fut, PyObject *value) {
     PyObject *made = PyObject_GetAttr(fut, s_made);
-    int rc = 0, busy;
+    int rc, busy;
     if (made == NULL) return -1;
     busy = PyObject_IsTrue(made);
     Py_DECREF(made);
-    if (busy) return busy < 0 ? -1 : 0;
-    if (call0(self->acquire) < 0) return -1;
-    /* again under the lock: a thread making the condition now sees the state settled */
-    made = PyObject_GetAttr(fut, s_made);
-    if (made == NULL) {
-        rc = -1;
-    } else {
-        busy = PyObject_IsTrue(made);
-        Py_DECREF(made);
-        if (busy != 0) {
-            rc = busy < 0 ? -1 : 0;
-        } else if ((rc = settled(fut)) == 0) {
-            rc = (PyObject_SetAttr(fut, s_result, value) < 0 || PyObject_SetAttr(fut, s_state, self->finished) < 0)
-                     ? -1
-                     : 1;
-        } else if (rc > 0) {
-            rc = 0; /* settled already: deliver says what happens */
-        }
+    if (busy != 0) return busy < 0 ? -1 : 0; /* somebody may sleep on its condition: the Python path */
+    rc = settled(fut);
+    if (rc != 0) return rc < 0 ? -1 : 0;     /* settled already: deliver says what happens */
+    return (PyObject_SetAttr(fut, s_result, value) < 0 || PyObject_SetAttr(fut, s_state, self->finished) < 0) ? -1 : 1;
+}
+
+/* Settle fut with value as Future._settle_unwatched does: 1 done, 0 not (the Python path must), -1 error.
+ *
+ * Under future._lazy_lock, as there: a thread making the condition (_Lazy) or settling in Python then
+ * sees the state settled.  Taking the lock (its acquire parses its arguments) cost half of a reply's
+ * handling, so when nobody holds it the settle runs without it, with the cyclic GC off: its reads and
+ * writes of plain instance attributes then run no Python code and never let the GIL go (a collection,
+ * which an allocation can start, could run finalizers that do), so no other thread runs, and none can
+ * take the lock, until it is over: as if it held it. */
+static int settle_unwatched(Replies *self, PyObject *fut, PyObject *value) {
+    PyObject *held = PyObject_CallNoArgs(self->locked);
+    int rc, taken;
+    if (held == NULL) return -1;
+    taken = PyObject_IsTrue(held);
+    Py_DECREF(held);
+    if (taken < 0) return -1;
+    if (!taken) {
+        int gc = PyGC_Disable();
+        rc = settle_held(self, fut, value);
+        if (gc) PyGC_Enable();
+        return rc;
     }
+    if (call0(self->acquire) < 0) return -1;
+    rc = settle_held(self, fut, value);
     if (rc < 0) {
         PyObject *type, *value_, *tb;
         PyErr_Fetch(&type, &value_, &tb);
@@ -416,7 +428,8 @@ static int replies_init(Replies *self, PyObject *args, PyObject *kwds) {
         return -1;
     replies_clear(self);
     if ((self->acquire = PyObject_GetAttr(lock, s_acquire)) == NULL ||
-        (self->release = PyObject_GetAttr(lock, s_release)) == NULL)
+        (self->release = PyObject_GetAttr(lock, s_release)) == NULL ||
+        (self->locked = PyObject_GetAttrString(lock, "locked")) == NULL)
         return -1;
     Py_INCREF(open);
     self->open = open;
@@ -473,6 +486,7 @@ typedef struct {
     double spin, chunk;
     int yield_every;
     unsigned long main_ident;
+    double polled_written; /* when poll_once last wrote progress._polled_at */
     long long served; /* statistics: calls run by serve() */
 } Spin;
 
@@ -547,6 +561,8 @@ static void leave(Spin *self, PyObject *mine) {
     PyErr_Restore(type, value, tb);
 }
 
+#define POLLED_AT_GRAIN 1e-4
+
 /* One poll as the token holder, then progress._polled_at = now: frames handled, 0 with the token busy
  * (*busy set), -1 with an exception set. */
 static long poll_once(Spin *self, PyObject *poll, double chunk, double now, int *busy) {
@@ -569,12 +585,16 @@ static long poll_once(Spin *self, PyObject *poll, double chunk, double now, int 
     handled = PyLong_AsLong(got);
     Py_DECREF(got);
     if (handled == -1 && PyErr_Occurred()) return -1;
-    when = PyFloat_FromDouble(now);
-    if (when == NULL || PyObject_SetAttr(self->progress, s_polled_at, when) < 0) {
-        Py_XDECREF(when);
-        return -1;
+    /* Progress reads it against a window of milliseconds: written at most every POLLED_AT_GRAIN seconds */
+    if (now - self->polled_written >= POLLED_AT_GRAIN) {
+        when = PyFloat_FromDouble(now);
+        if (when == NULL || PyObject_SetAttr(self->progress, s_polled_at, when) < 0) {
+            Py_XDECREF(when);
+            return -1;
+        }
+        Py_DECREF(when);
+        self->polled_written = now;
     }
-    Py_DECREF(when);
     return handled;
 }
 
@@ -732,9 +752,27 @@ out_left:
     return result;
 }
 
+static PyTypeObject SpinType;
+
+PyObject *mpimesh_spin_wait(PyObject *spin, PyObject *fut) {
+    if (!Py_IS_TYPE(spin, &SpinType)) return PyObject_CallOneArg(spin, fut);
+    return spin_call((Spin *)spin, fut);
+}
+
+/* getter(fallback, finished) -> Getter */
+static PyObject *spin_getter(Spin *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "Spin.getter(fallback, finished) takes 2 arguments");
+        return NULL;
+    }
+    return mpimesh_getter_new((PyObject *)self, args[0], args[1]);
+}
+
 static PyMethodDef spin_methods[] = {
     {"wait", (PyCFunction)spin_call, METH_O,
      "wait(fut) -> bool\n\nProgress.wait's spin for a leader, until fut is settled; False: not covered here."},
+    {"getter", (PyCFunction)(void (*)(void))spin_getter, METH_FASTCALL,
+     "getter(fallback, finished) -> Getter\n\nFuture.get in C over this spin; fallback (Future.get) for the rest."},
     {"serve", (PyCFunction)spin_serve, METH_O,
      "serve(lane) -> bool\n\nA sync actor's idle wait as the leader, running the calls its sites take; True: mail."},
     {NULL, NULL, 0, NULL},

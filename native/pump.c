@@ -61,8 +61,15 @@ typedef struct {
     int tag, batch_kind, ping_kind, site_kind;
     Py_ssize_t max_frames;
     double heard_controller;
+    PyObject *heard_last; /* the source last written to `heard`, at heard_at */
+    double heard_at;
     long long frames_in;
 } Pump;
+
+/* A source's frames within this many seconds of its last write to `heard` are not written again (the
+ * frames of a busy exchange: B1's round trip would pay a dict update per reply); a heartbeat always is,
+ * as the liveness watch compares its echo's time with the PING's.  Liveness works in milliseconds. */
+#define HEARD_GRAIN 1e-4
 
 static int pump_traverse(Pump *self, visitproc visit, void *arg) {
     Py_VISIT(self->acquire);
@@ -75,6 +82,7 @@ static int pump_traverse(Pump *self, visitproc visit, void *arg) {
     Py_VISIT(self->sources);
     Py_VISIT(self->heard);
     Py_VISIT(self->sites);
+    Py_VISIT(self->heard_last);
     return 0;
 }
 
@@ -89,6 +97,7 @@ static int pump_clear(Pump *self) {
     Py_CLEAR(self->sources);
     Py_CLEAR(self->heard);
     Py_CLEAR(self->sites);
+    Py_CLEAR(self->heard_last);
     return 0;
 }
 
@@ -207,6 +216,17 @@ static int append3(PyObject *got, PyObject *a, PyObject *b, PyObject *c) {
     return rc;
 }
 
+/* Whether a frame goes to its handler as it is: no raw buffers follow it, and not a BATCH; -1 with an
+ * exception set if it is no frame. */
+static int is_plain(Pump *self, PyObject *frame) {
+    long kind;
+    int sized;
+    if (frame_kind(frame, &kind) < 0) return -1;
+    sized = PyObject_IsTrue(PyTuple_GET_ITEM(frame, 1));
+    if (sized < 0) return -1;
+    return !sized && kind != self->batch_kind;
+}
+
 /* One received frame (a new reference, consumed) into got, as Mpi4pyWire._take does. */
 static int take(Pump *self, PyObject *got, int index, int src, PyObject *frame) {
     PyObject *source = source_of(self, index, src), *buffers;
@@ -268,67 +288,103 @@ static int handler_failed(Pump *self, PyObject *kind, PyObject *source) {
     return 0;
 }
 
+/* Whether two sources are the same address: (island, rank) tuples of equal ints (the pump makes a new
+ * tuple per frame from a link with many peers). */
+static int same_source(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (b == NULL || !PyTuple_CheckExact(a) || !PyTuple_CheckExact(b) || PyTuple_GET_SIZE(a) != 2 ||
+        PyTuple_GET_SIZE(b) != 2)
+        return 0;
+    for (int i = 0; i < 2; i++) {
+        PyObject *x = PyTuple_GET_ITEM(a, i), *y = PyTuple_GET_ITEM(b, i);
+        long u, v;
+        if (x == y) continue;
+        if (!PyLong_CheckExact(x) || !PyLong_CheckExact(y)) return 0;
+        u = PyLong_AsLong(x);
+        v = PyLong_AsLong(y);
+        if (u != v || (u == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Hand one frame to its handler, noting its source as heard (at `now`, in *now_obj, made once per
+ * poll); 1 a frame that counts, 0 a heartbeat, -1 an error. */
+static int dispatch_one(Pump *self, PyObject *source, PyObject *frame, PyObject *buffers, double now,
+                        PyObject **now_obj) {
+    PyObject *kind = PyTuple_GET_ITEM(frame, 0), *handler, *rc = NULL;
+    long kind_long = PyLong_AsLong(kind);
+    int counts;
+    if (kind_long == -1 && PyErr_Occurred()) return -1;
+    counts = kind_long != self->ping_kind;
+    if (PyDict_Check(self->heard)) {
+        int again = counts && now - self->heard_at < HEARD_GRAIN && same_source(source, self->heard_last);
+        if (!again) {
+            int known = PyDict_Contains(self->heard, source);
+            if (known < 0) return -1;
+            if (known) {
+                if (*now_obj == NULL && (*now_obj = PyFloat_FromDouble(now)) == NULL) return -1;
+                if (PyDict_SetItem(self->heard, source, *now_obj) < 0) return -1;
+            }
+            Py_INCREF(source);
+            Py_XSETREF(self->heard_last, source);
+            self->heard_at = now;
+        }
+    } else if (is_controller(source)) {
+        self->heard_controller = now;
+    }
+    if (kind_long == self->site_kind && self->sites != NULL && PyDict_Check(self->sites) &&
+        PyTuple_GET_SIZE(frame) > 2) {
+        PyObject *site = PyDict_GetItemWithError(self->sites, PyTuple_GET_ITEM(frame, 2));
+        int took = 0;
+        if (site != NULL) {
+            Py_INCREF(site); /* the table may change meanwhile */
+            took = mpimesh_site_take(site, frame);
+            Py_DECREF(site);
+        } else if (PyErr_Occurred()) {
+            took = -1;
+        }
+        if (took > 0) return counts;
+        if (took < 0) return handler_failed(self, kind, source) < 0 ? -1 : counts;
+    }
+    handler = PyDict_GetItemWithError(self->handlers, kind);
+    if (handler != NULL) {
+        PyObject *argv[3] = {source, frame, buffers};
+        Py_INCREF(handler); /* a handler may change the table */
+        rc = PyObject_Vectorcall(handler, argv, 3, NULL);
+        Py_DECREF(handler);
+    } else if (!PyErr_Occurred()) {
+        PyErr_Format(PyExc_KeyError, "no handler for frame kind %R", kind);
+    }
+    if (rc != NULL) {
+        Py_DECREF(rc);
+    } else if (handler_failed(self, kind, source) < 0) {
+        return -1;
+    }
+    return counts;
+}
+
 /* Hand the frames of got to their handlers; returns the number not heartbeats, or -1. */
 static Py_ssize_t dispatch(Pump *self, PyObject *got) {
-    Py_ssize_t i, count = PyList_GET_SIZE(got), quiet = 0;
+    Py_ssize_t i, count = PyList_GET_SIZE(got), counted = 0;
     double now = mpimesh_monotonic();
     PyObject *now_obj = NULL;
-    int track = PyDict_Check(self->heard);
     for (i = 0; i < count; i++) {
         PyObject *item = PyList_GET_ITEM(got, i);
-        PyObject *source = PyTuple_GET_ITEM(item, 0), *frame = PyTuple_GET_ITEM(item, 1);
-        PyObject *kind = PyTuple_GET_ITEM(frame, 0), *handler, *rc = NULL;
-        if (track) {
-            int known = PyDict_Contains(self->heard, source);
-            if (known < 0) goto fail;
-            if (known) {
-                if (now_obj == NULL && (now_obj = PyFloat_FromDouble(now)) == NULL) goto fail;
-                if (PyDict_SetItem(self->heard, source, now_obj) < 0) goto fail;
-            }
-        } else if (is_controller(source)) {
-            self->heard_controller = now;
+        int rc = dispatch_one(self, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), PyTuple_GET_ITEM(item, 2),
+                              now, &now_obj);
+        if (rc < 0) {
+            Py_XDECREF(now_obj);
+            self->frames_in += i;
+            return -1;
         }
-        long kind_long = PyLong_AsLong(kind);
-        if (kind_long == self->ping_kind) quiet++;
-        if (kind_long == self->site_kind && self->sites != NULL && PyDict_Check(self->sites) &&
-            PyTuple_GET_SIZE(frame) > 2) {
-            PyObject *site = PyDict_GetItemWithError(self->sites, PyTuple_GET_ITEM(frame, 2));
-            int took = 0;
-            if (site != NULL) {
-                Py_INCREF(site); /* the table may change meanwhile */
-                took = mpimesh_site_take(site, frame);
-                Py_DECREF(site);
-            } else if (PyErr_Occurred()) {
-                took = -1;
-            }
-            if (took > 0) continue;
-            if (took < 0) {
-                if (handler_failed(self, kind, source) < 0) goto fail;
-                continue;
-            }
-        }
-        handler = PyDict_GetItemWithError(self->handlers, kind);
-        if (handler != NULL) {
-            PyObject *argv[3] = {source, frame, PyTuple_GET_ITEM(item, 2)};
-            Py_INCREF(handler); /* a handler may change the table */
-            rc = PyObject_Vectorcall(handler, argv, 3, NULL);
-            Py_DECREF(handler);
-        } else if (!PyErr_Occurred()) {
-            PyErr_Format(PyExc_KeyError, "no handler for frame kind %R", kind);
-        }
-        if (rc != NULL) {
-            Py_DECREF(rc);
-        } else if (handler_failed(self, kind, source) < 0) {
-            goto fail;
-        }
+        counted += rc;
     }
     Py_XDECREF(now_obj);
     self->frames_in += count;
-    return count - quiet;
-fail:
-    Py_XDECREF(now_obj);
-    self->frames_in += i;
-    return -1;
+    return counted;
 }
 
 /* poll(spin) -> int | (int, [(link index, MPI error code), ...]) */
@@ -338,7 +394,9 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
     MPI_Comm comms[MPIMESH_MAX_LINKS];
     int index_of[MPIMESH_MAX_LINKS];
     int n, i, locked = 0;
-    PyObject *got = NULL, *errors = NULL, *rc;
+    /* the frames received, made at the second one: a spinning poll (a wait for one reply) most often gets
+     * one frame, handled from `one` with no list and no tuple per frame */
+    PyObject *got = NULL, *errors = NULL, *rc, *one_source = NULL, *one_frame = NULL;
     Py_ssize_t handled;
     if (spin == -1.0 && PyErr_Occurred()) return NULL;
     if (self->acquire == NULL) {
@@ -346,8 +404,6 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
         return NULL;
     }
     spin_ns = spin > 0 ? (long long)(spin * 1e9) : 0;
-    got = PyList_New(0);
-    if (got == NULL) return NULL;
     rc = PyObject_CallNoArgs(self->acquire);
     if (rc == NULL) goto fail;
     Py_DECREF(rc);
@@ -383,7 +439,27 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
         }
         frame = loads(self, data);
         Py_DECREF(data);
-        if (frame == NULL || take(self, got, index_of[index], src, frame) < 0) goto fail;
+        if (frame == NULL) goto fail;
+        if (spin_ns > 0 && got == NULL) {
+            int plain = is_plain(self, frame);
+            if (plain < 0) {
+                Py_DECREF(frame);
+                goto fail;
+            }
+            if (plain) {
+                if ((one_source = source_of(self, index_of[index], src)) == NULL) {
+                    Py_DECREF(frame);
+                    goto fail;
+                }
+                one_frame = frame;
+                break;
+            }
+        }
+        if (got == NULL && (got = PyList_New(0)) == NULL) {
+            Py_DECREF(frame);
+            goto fail;
+        }
+        if (take(self, got, index_of[index], src, frame) < 0) goto fail;
         if (spin_ns > 0 || PyList_GET_SIZE(got) >= self->max_frames) break;
         probe = -1; /* one more look on each link */
     }
@@ -391,10 +467,22 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
     locked = 0;
     if (rc == NULL) goto fail;
     Py_DECREF(rc);
-    handled = dispatch(self, got);
-    Py_DECREF(got);
-    got = NULL;
-    if (handled < 0) goto fail;
+    if (one_frame != NULL) {
+        PyObject *now_obj = NULL;
+        int counted = dispatch_one(self, one_source, one_frame, self->no_buffers, mpimesh_monotonic(), &now_obj);
+        Py_XDECREF(now_obj);
+        Py_CLEAR(one_source);
+        Py_CLEAR(one_frame);
+        if (counted < 0) goto fail;
+        self->frames_in++;
+        handled = counted;
+    } else if (got != NULL) {
+        handled = dispatch(self, got);
+        Py_CLEAR(got);
+        if (handled < 0) goto fail;
+    } else {
+        handled = 0;
+    }
     if (errors == NULL) return PyLong_FromSsize_t(handled);
     return Py_BuildValue("(nN)", handled, errors);
 fail:
@@ -406,6 +494,8 @@ fail:
         PyErr_Restore(type, value, tb);
     }
     Py_XDECREF(got);
+    Py_XDECREF(one_source);
+    Py_XDECREF(one_frame);
     Py_XDECREF(errors);
     return NULL;
 }

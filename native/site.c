@@ -376,12 +376,13 @@ int mpimesh_site_take(PyObject *obj, PyObject *frame) {
 static int way_holds(Site *self, PyObject **out) {
     PyObject *routed;
     int dead, peer;
-    dead = PyDict_Contains(self->dead, self->dest);
+    /* the dead and the peers are most often none: no hash of dest then */
+    dead = PyDict_GET_SIZE(self->dead) > 0 ? PyDict_Contains(self->dead, self->dest) : 0;
     if (dead != 0) return dead < 0 ? -1 : 0;
     routed = PyDict_GetItemWithError(self->routes, self->island);
     if (routed == NULL && PyErr_Occurred()) return -1;
     if ((routed == NULL ? Py_None : routed) != self->routed) return 0; /* the router would go another way */
-    peer = PyDict_Contains(self->peers, self->dest);
+    peer = PyDict_GET_SIZE(self->peers) > 0 ? PyDict_Contains(self->peers, self->dest) : 0;
     if (peer != 0) return peer < 0 ? -1 : 0;
     *out = PyDict_GetItemWithError(self->outs, self->rank);
     if (*out == NULL) return PyErr_Occurred() ? -1 : 0;

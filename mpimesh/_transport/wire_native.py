@@ -304,6 +304,14 @@ class NativeWire:
             if chores.local or chores.ticks or outbox.sends or self._sender.pending:
                 handled = self._chores_due()
                 spin = 0.0
+            # The millisecond tick before the pump, not after: what follows
+            # the pump is on the path of the frame it received (B1's round
+            # trip runs through it on both sides).
+            now = time.monotonic()
+            if now >= self._next_ms:
+                self._next_ms = now + EVERY_MS
+                if self.every_ms is not None:
+                    self.every_ms()
             # The links the pump's error indices refer to: a handler (a
             # death notice) may drop a link before they are read.  Links
             # change only under the lock, and the list is replaced, never
@@ -314,11 +322,6 @@ class NativeWire:
                 received, errors = received
                 self._link_errors(errors, links)
             handled += received
-            now = time.monotonic()
-            if now >= self._next_ms:
-                self._next_ms = now + EVERY_MS
-                if self.every_ms is not None:
-                    self.every_ms()
             if not handled and (outbox.bulk or chores.ticks):
                 # A large send or one-sided operation pending counts as
                 # traffic: keep polling tight until it completes.

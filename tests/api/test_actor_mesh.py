@@ -1069,3 +1069,37 @@ def test_spawn_misuse(one_proc: object) -> None:
         one_proc.spawn("e", Echo, threading.Lock())  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match=r"^actor mesh name must be a non-empty str, got 3; "):
         one_proc.spawn(3, Echo)  # type: ignore[attr-defined]
+
+
+def test_get_runs_in_c_where_the_spin_does(procs: object) -> None:
+    """Future.get is the native Getter where the spin runs in C, and it answers as the Python method does."""
+    import concurrent.futures
+
+    from mpimesh import future as _future
+    from mpimesh._core import current as _current
+
+    if _current.current().progress.spin is None:
+        pytest.skip("no spin in C here (the mpi4py wire)")
+    front = _future.Future.__dict__["get"]
+    assert type(front).__name__ == "Getter" and front.__wrapped__ is _future._get
+    assert _future.Future.get.__doc__ == _future._get.__doc__
+    mesh = procs.spawn("getter", Echo)  # type: ignore[attr-defined]
+    try:
+        one = mesh.slice(gpus=0)
+        assert [one.echo.call_one(i).get() for i in range(50)] == list(range(50))  # through the spin in C
+        assert one.echo.call_one("t").get(30) == "t"  # a timeout: the Python method
+        assert one.echo.call_one(3, twice=True).result() == (3, 3)
+        for _ in range(3):  # the endpoint raised: the Python method raises it, through the site in C too
+            with pytest.raises(ActorError, match="TypeError"):
+                one.sleep_then.call_one("x").get()
+        assert _future.Future.completed(7).get() == 7  # already done: no spin
+        cancelled: _future.Future[int] = _future.Future("cancelled")
+        cancelled.cancel()
+        with pytest.raises(concurrent.futures.CancelledError):
+            cancelled.get()
+        failed: _future.Future[int] = _future.Future("failed")
+        failed.set_exception(ValueError("set"))
+        with pytest.raises(ValueError, match="^set$"):
+            failed.get()
+    finally:
+        mesh.stop().get(10)

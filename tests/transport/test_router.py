@@ -195,6 +195,26 @@ def test_every_ms_runs_and_heard_is_kept(wire_class: WireClass, comm: MPI.Intrac
     assert router.frames_in == 1
 
 
+def test_heard_is_written_again_once_its_grain_has_passed(wire_class: WireClass, comm: MPI.Intracomm) -> None:
+    """A source heard again after the native pump's grain (100 us) is noted again; a heartbeat always is.
+
+    The pump writes a source's busy frames to ``heard`` at most once per grain (B1's round trip would pay a
+    dict update per reply); liveness, which works in milliseconds, must still see every source it tracks.
+    """
+    router = _router(wire_class, comm, {Kind.FAULT: lambda s, f, b: None, Kind.PING: lambda s, f, b: None}, [],
+                     (0, 1))
+    heard = router.heard = {(0, 0): 0.0}
+    for kind in (Kind.FAULT, Kind.FAULT, Kind.PING, Kind.PING):
+        heard[(0, 0)] = 0.0
+        time.sleep(0.001)  # past the grain
+        before = time.monotonic()
+        router.send((0, 0), (kind, None, "x") if kind == Kind.FAULT else (kind, None))
+        deadline = time.monotonic() + 10
+        while heard[(0, 0)] == 0.0 and time.monotonic() < deadline:
+            router.poll()
+        assert heard[(0, 0)] >= before, (kind, heard)
+
+
 def test_a_worker_notes_when_the_controller_was_heard(wire_class: WireClass, comm: MPI.Intracomm) -> None:
     """With heard None, a frame from the controller moves heard_controller; the setter is read back."""
     router = _router(wire_class, comm, {Kind.FAULT: lambda s, f, b: None}, [], (0, 1))
