@@ -34,7 +34,13 @@ typedef struct {
     PyObject_HEAD
     PyObject *fallback, *mesh, *fast, *method, *name, *what, *arities, *atoms;
     vectorcallfunc vectorcall;
+    unsigned long long counts; /* bit n: n arguments found in arities (which only grows), or it is None */
+    unsigned char common;      /* which of int, float, str, None, bool (COMMON_TYPES) are in atoms */
 } CallOne;
+
+#define COMMON_TYPES 5
+static PyTypeObject *const common_types[COMMON_TYPES] = {&PyLong_Type, &PyFloat_Type, &PyUnicode_Type,
+                                                         (PyTypeObject *)NULL /* NoneType */, &PyBool_Type};
 
 static int callone_traverse(CallOne *self, visitproc visit, void *arg) {
     Py_VISIT(self->fallback);
@@ -66,21 +72,33 @@ static void callone_dealloc(CallOne *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyTypeObject *common_type(int i) { return common_types[i] != NULL ? common_types[i] : Py_TYPE(Py_None); }
+
+/* Whether an argument's type is one of `atoms` (serialize.ATOMS): the common ones without a set lookup. */
+static int atom(CallOne *self, PyObject *arg) {
+    PyTypeObject *type = Py_TYPE(arg);
+    for (int i = 0; i < COMMON_TYPES; i++)
+        if (type == common_type(i)) return (self->common >> i) & 1;
+    return PySet_Contains(self->atoms, (PyObject *)type);
+}
+
 /* 1: the fast path may take the call; 0: the Python path must; -1: an error. */
 static int plain(CallOne *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *stopped;
     int truth;
     Py_ssize_t i;
     if (nargs > 32) return 0;
-    if (self->arities != Py_None) {
+    if (!(self->counts >> nargs & 1)) {
+        /* an arity not seen yet: the Python path adds it to arities once its signature check passed */
         PyObject *n = PyLong_FromSsize_t(nargs);
         if (n == NULL) return -1;
         truth = PySet_Contains(self->arities, n);
         Py_DECREF(n);
         if (truth <= 0) return truth;
+        self->counts |= 1ULL << nargs;
     }
     for (i = 0; i < nargs; i++) {
-        truth = PySet_Contains(self->atoms, (PyObject *)Py_TYPE(args[i]));
+        truth = atom(self, args[i]);
         if (truth <= 0) return truth;
     }
     stopped = PyObject_GetAttr(self->mesh, s_stopped);
@@ -137,6 +155,16 @@ static int callone_init(CallOne *self, PyObject *args, PyObject *kwds) {
     if (v[6] != Py_None && !PySet_Check(v[6])) {
         PyErr_SetString(PyExc_TypeError, "CallOne: arities must be a set or None");
         return -1;
+    }
+    self->counts = v[6] == Py_None ? ~0ULL : 0; /* found in arities as calls come */
+    {
+        unsigned char common = 0;
+        for (int k = 0; k < COMMON_TYPES; k++) {
+            int in = PySet_Contains(v[7], (PyObject *)common_type(k));
+            if (in < 0) return -1;
+            if (in) common |= (unsigned char)(1 << k);
+        }
+        self->common = common;
     }
     for (i = 0; i < 8; i++) Py_INCREF(v[i]);
     callone_clear(self);
