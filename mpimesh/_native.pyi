@@ -6,6 +6,7 @@ back to ctypes, and ``mpimesh._transport.make_router`` puts the router
 over an ``Mpi4pyWire`` instead of a ``NativeWire`` (see ``mpimesh._transport.native``).
 """
 
+import threading
 from typing import Any
 
 def cuda_compile_time() -> int:
@@ -146,6 +147,10 @@ class Out:
     polls: int
 
     def __init__(self, link: Any, rank: int) -> None: ...
+
+#: A threading.Lock that the native part takes without a Python call (native/lock.c): acquire(blocking,
+#: timeout), release(), locked() and the context manager, as threading.Lock's; typed as one.
+Lock = threading.Lock
 
 class Sender:
     """NativeWire's send path for frames that leave at once (see native/post.c).

@@ -6,6 +6,7 @@
 #include "call.h"
 #include "cuda_aware.h"
 #include "fastpickle.h"
+#include "lock.h"
 #include "site.h"
 #include "spin.h"
 #include "wire.h"
@@ -92,6 +93,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (mpimesh_pump_add(m) < 0 || mpimesh_post_add(m) < 0 || mpimesh_site_add(m) < 0 ||
                       mpimesh_call_add(m) < 0 || mpimesh_callone_add(m) < 0 ||
-                      mpimesh_getter_add(m) < 0)) Py_CLEAR(m);
+                      mpimesh_getter_add(m) < 0 ||
+                      mpimesh_lock_add(m) < 0)) Py_CLEAR(m);
     return m;
 }

@@ -36,6 +36,7 @@
 
 #include "clock.h"
 #include "fastpickle.h"
+#include "lock.h"
 
 static PyObject *str_post; /* "post", for a sender that is not a Sender */
 
@@ -147,7 +148,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *acquire, *release; /* the send lock's bound methods */
+    PyObject *lock, *acquire, *release; /* the send lock, and its bound methods */
     PyObject *dumps, *protocol;  /* pickle.dumps, 5 */
     PyObject *ring;              /* ring(out), or None */
     int *failed;                 /* MPI error classes of a failed peer */
@@ -161,6 +162,7 @@ typedef struct {
 } Sender;
 
 static int sender_traverse(Sender *self, visitproc visit, void *arg) {
+    Py_VISIT(self->lock);
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
     Py_VISIT(self->dumps);
@@ -171,6 +173,7 @@ static int sender_traverse(Sender *self, visitproc visit, void *arg) {
 }
 
 static int sender_clear(Sender *self) {
+    Py_CLEAR(self->lock);
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
     Py_CLEAR(self->dumps);
@@ -210,6 +213,8 @@ static int sender_init(Sender *self, PyObject *args, PyObject *kwds) {
         if (self->failed[i] == -1 && PyErr_Occurred()) return -1;
     }
     self->nfailed = (int)n;
+    Py_INCREF(lock);
+    self->lock = lock;
     self->acquire = PyObject_GetAttrString(lock, "acquire");
     self->release = PyObject_GetAttrString(lock, "release");
     if (self->acquire == NULL || self->release == NULL) return -1;
@@ -276,13 +281,6 @@ static int keep(Sender *self, MPI_Request req, PyObject *data) {
     return 0;
 }
 
-static int call_noargs(PyObject *fn) {
-    PyObject *rc = PyObject_CallNoArgs(fn);
-    if (rc == NULL) return -1;
-    Py_DECREF(rc);
-    return 0;
-}
-
 /* post(out, frame, polls) -> None (sent) | bytes (the pickle: hold it back) */
 static PyObject *sender_post(Sender *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *argv[2], *data, *result = NULL;
@@ -315,7 +313,7 @@ static PyObject *sender_post(Sender *self, PyObject *const *args, Py_ssize_t nar
         if (data == NULL) return NULL;
     }
     now = mpimesh_monotonic();
-    if (call_noargs(self->acquire) < 0) {
+    if (mpimesh_lock_take(self->lock, self->acquire) < 0) {
         Py_DECREF(data);
         return NULL;
     }
@@ -350,11 +348,11 @@ unlock:
     if (result == NULL) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        if (call_noargs(self->release) < 0) PyErr_Clear();
+        if (mpimesh_lock_give(self->lock, self->release) < 0) PyErr_Clear();
         PyErr_Restore(type, value, tb);
         return NULL;
     }
-    if (call_noargs(self->release) < 0) {
+    if (mpimesh_lock_give(self->lock, self->release) < 0) {
         Py_DECREF(result);
         return NULL;
     }

@@ -44,10 +44,11 @@
 
 #include "clock.h"
 #include "fastpickle.h"
+#include "lock.h"
 
 typedef struct {
     PyObject_HEAD
-    PyObject *acquire, *release; /* the router lock's bound methods */
+    PyObject *lock, *acquire, *release; /* the router lock, and its bound methods */
     PyObject *handlers;          /* dict: kind -> handler(source, frame, buffers) */
     PyObject *take_buffers;      /* take_buffers(link index, source rank, sizes) -> list */
     PyObject *on_error;          /* on_error(kind, source, exception), or None */
@@ -72,6 +73,7 @@ typedef struct {
 #define HEARD_GRAIN 1e-4
 
 static int pump_traverse(Pump *self, visitproc visit, void *arg) {
+    Py_VISIT(self->lock);
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
     Py_VISIT(self->handlers);
@@ -87,6 +89,7 @@ static int pump_traverse(Pump *self, visitproc visit, void *arg) {
 }
 
 static int pump_clear(Pump *self) {
+    Py_CLEAR(self->lock);
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
     Py_CLEAR(self->handlers);
@@ -120,6 +123,8 @@ static int pump_init(Pump *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     pump_clear(self);
+    Py_INCREF(lock);
+    Py_XSETREF(self->lock, lock);
     self->acquire = PyObject_GetAttrString(lock, "acquire");
     self->release = PyObject_GetAttrString(lock, "release");
     if (self->acquire == NULL || self->release == NULL) return -1;
@@ -396,7 +401,7 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
     int n, i, locked = 0;
     /* the frames received, made at the second one: a spinning poll (a wait for one reply) most often gets
      * one frame, handled from `one` with no list and no tuple per frame */
-    PyObject *got = NULL, *errors = NULL, *rc, *one_source = NULL, *one_frame = NULL;
+    PyObject *got = NULL, *errors = NULL, *one_source = NULL, *one_frame = NULL;
     Py_ssize_t handled;
     if (spin == -1.0 && PyErr_Occurred()) return NULL;
     if (self->acquire == NULL) {
@@ -404,9 +409,7 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
         return NULL;
     }
     spin_ns = spin > 0 ? (long long)(spin * 1e9) : 0;
-    rc = PyObject_CallNoArgs(self->acquire);
-    if (rc == NULL) goto fail;
-    Py_DECREF(rc);
+    if (mpimesh_lock_take(self->lock, self->acquire) < 0) goto fail;
     locked = 1;
     n = self->n; /* read under the lock: set_links is called holding it */
     memcpy(comms, self->comms, sizeof(MPI_Comm) * (size_t)n);
@@ -463,10 +466,8 @@ static PyObject *pump_poll(Pump *self, PyObject *arg) {
         if (spin_ns > 0 || PyList_GET_SIZE(got) >= self->max_frames) break;
         probe = -1; /* one more look on each link */
     }
-    rc = PyObject_CallNoArgs(self->release);
     locked = 0;
-    if (rc == NULL) goto fail;
-    Py_DECREF(rc);
+    if (mpimesh_lock_give(self->lock, self->release) < 0) goto fail;
     if (one_frame != NULL) {
         PyObject *now_obj = NULL;
         int counted = dispatch_one(self, one_source, one_frame, self->no_buffers, mpimesh_monotonic(), &now_obj);
@@ -489,8 +490,7 @@ fail:
     if (locked) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        rc = PyObject_CallNoArgs(self->release);
-        Py_XDECREF(rc);
+        if (mpimesh_lock_give(self->lock, self->release) < 0) PyErr_Clear();
         PyErr_Restore(type, value, tb);
     }
     Py_XDECREF(got);

@@ -77,8 +77,9 @@ class NativeWire:
     ) -> None:
         if not native.bind():
             raise RuntimeError(f"the native frame path cannot be used: {native.why_not}; make an Mpi4pyWire instead")
-        self.lock = threading.Lock()
-        self.send_lock = threading.Lock()
+        # Native locks: the pump and Sender.post take them with a C call (native/lock.c).
+        self.lock = _native.Lock()
+        self.send_lock = _native.Lock()
         self._sender = sender = _native.Sender(
             self.send_lock, TAG_FRAME, MAX_BATCH > 1, BURST, RING_AFTER, tuple(FAILED_CLASSES)
         )
