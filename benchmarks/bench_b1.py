@@ -13,11 +13,9 @@ Per repeat: 200 warm-up calls, 2,000 timed sequential calls; then the
 baseline: pickled small-tuple ``send``/``recv`` ping-pong between rank 0 and
 the worker's rank (200 warm-up + 2,000 rounds).  Prints one JSON line.
 
-``--split`` then installs clock probes on both sides (``_split.py``) and
-times as many repeats again: the record's ``split`` gives, per repeat, the
-controller's issue, the time away (both legs and the worker), the settle
-and the worker's service, in µs (docs/design/data.md, "B1 against a raw
-round trip").
+Where a round trip's time goes was measured with clock stamps in a scratch
+build of the native part (docs/design/data.md, "B1 at 1.1x"): Python-level
+probes, as an earlier ``--split`` had, miss the paths that run in C.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ import argparse
 
 from _actors import Bench, describe_job, raw_fanout, raw_standalone, time_calls
 from _common import SPAWNED_BASELINE, emit, median, r, ratio, summary_us, watchdog, worker_host
-from _split import Probes, SplitBench, split_row
 
 
 def main() -> None:
@@ -34,12 +31,11 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--split", action="store_true", help="then time the repeats again with per-side clock probes")
     args = ap.parse_args()
     watchdog()
 
     procs = worker_host().spawn_procs(per_host={"gpus": 1})
-    mesh = procs.spawn("b1", SplitBench if args.split else Bench)
+    mesh = procs.spawn("b1", Bench)
     mesh.initialized.get(60)
     one = mesh.slice(gpus=0)
     info = one.info.call_one().get(60)
@@ -75,11 +71,6 @@ def main() -> None:
         "baseline_repeat_medians_us": [s["median_us"] for s in base],
     }
     record.update(describe_job([info]))
-    if args.split:
-        one.probe.call_one().get(60)
-        probes = Probes(None)
-        probes.install()
-        record["split"] = [split_row(one, probes, args.calls, args.warmup) for _ in range(args.repeats)]
     procs.stop().get(60)
     emit(record)
 
