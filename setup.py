@@ -184,7 +184,7 @@ native = Extension(
              "native/beat.c", "native/ulfm_beat.c", "native/site.c", "native/call.c",
              "native/callone.c", "native/getter.c", "native/lock.c", "native/fastpickle.c"],
     depends=["native/call.h", "native/clock.h", "native/compat.h", "native/cuda_aware.h", "native/wire.h",
-             "native/site.h", "native/spin.h", "native/fastpickle.h", "native/lock.h"],
+             "native/site.h", "native/spin.h", "native/fastpickle.h", "native/lock.h", "native/addtype.h"],
     include_dirs=["native"],
     libraries=["dl"],
     optional=True,

@@ -44,6 +44,7 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "addtype.h"
 #include "call.h"
 #include "clock.h"
 #include "site.h"
@@ -797,16 +798,6 @@ static PyTypeObject SpinType = {
     .tp_members = spin_members,
 };
 
-static int add_type(PyObject *module, const char *name, PyTypeObject *type) {
-    if (PyType_Ready(type) < 0) return -1;
-    Py_INCREF(type);
-    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
-        Py_DECREF(type);
-        return -1;
-    }
-    return 0;
-}
-
 int mpimesh_call_add(PyObject *module) {
 #define INTERN(var, text) \
     if ((var = PyUnicode_InternFromString(text)) == NULL) return -1;
@@ -816,8 +807,7 @@ int mpimesh_call_add(PyObject *module) {
     INTERN(s_main_thread_polls, "main_thread_polls")
     INTERN(s_link, "link") INTERN(s_call, "call") INTERN(s_poll, "_poll")
 #undef INTERN
-    if (add_type(module, "CallSite", &SiteType) < 0 || add_type(module, "Replies", &RepliesType) < 0 ||
-        add_type(module, "Spin", &SpinType) < 0)
+    if (mpimesh_add_type(module, "CallSite", &SiteType) < 0 || mpimesh_add_type(module, "Replies", &RepliesType) < 0)
         return -1;
-    return 0;
+    return mpimesh_add_type(module, "Spin", &SpinType);
 }

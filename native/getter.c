@@ -20,6 +20,7 @@
 
 #include <structmember.h>
 
+#include "addtype.h"
 #include "call.h"
 
 static PyObject *s_state, *s_exception, *s_result;
@@ -153,11 +154,5 @@ int mpimesh_getter_add(PyObject *module) {
         (s_exception = PyUnicode_InternFromString("_exception")) == NULL ||
         (s_result = PyUnicode_InternFromString("_result")) == NULL)
         return -1;
-    if (PyType_Ready(&GetterType) < 0) return -1;
-    Py_INCREF(&GetterType);
-    if (PyModule_AddObject(module, "Getter", (PyObject *)&GetterType) < 0) {
-        Py_DECREF(&GetterType);
-        return -1;
-    }
-    return 0;
+    return mpimesh_add_type(module, "Getter", &GetterType);
 }

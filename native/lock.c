@@ -20,6 +20,7 @@
 
 #include <time.h>
 
+#include "addtype.h"
 #include "clock.h"
 #include "lock.h"
 #include "pythread.h"
@@ -210,11 +211,5 @@ int mpimesh_lock_give(PyObject *lock, PyObject *release) {
 }
 
 int mpimesh_lock_add(PyObject *module) {
-    if (PyType_Ready(&LockType) < 0) return -1;
-    Py_INCREF(&LockType);
-    if (PyModule_AddObject(module, "Lock", (PyObject *)&LockType) < 0) {
-        Py_DECREF(&LockType);
-        return -1;
-    }
-    return 0;
+    return mpimesh_add_type(module, "Lock", &LockType);
 }
