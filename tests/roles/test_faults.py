@@ -577,6 +577,105 @@ def test_default_hook_ends_the_job(launch: str, tmp_path: Path) -> None:
     lost_cause(job.stderr)
 
 
+#: Seconds from the SIGINT that the script's own handler took to the script's `finally`, when mpimesh's
+#: handler is back: it is sent again every 50 ms (``_roles/sigint.py``), well under the 2 s fallback.
+RESENT_BOUND = 1.0
+
+TAKES_SIGINT = PREAMBLE + r'''
+import atexit, select
+mode = sys.argv[1]  # restores: the script's handler takes one SIGINT, then puts mpimesh's back; keeps: it takes all
+mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("w", W)
+pid = mesh.pid.call_one().get(30)
+emit(adverb="pid", pid=pid, host=HOST)
+atexit.register(lambda: print("atexit ran", flush=True))
+# SIGINT's C handler writes to this pipe, so the select below wakes for every SIGINT, even one that lands as
+# it is about to block: the script's handler gets the first SIGINT for sure, and the test does not flake.
+r, w = os.pipe()
+os.set_blocking(r, False)
+os.set_blocking(w, False)
+signal.set_wakeup_fd(w)
+mpimesh_handler = signal.getsignal(signal.SIGINT)
+taken = []
+
+
+def take(signum, frame):
+    # a SIGINT that never becomes mpimesh's KeyboardInterrupt: as if lost
+    taken.append(time.monotonic())
+    print("the script's handler took a SIGINT", flush=True)
+    if mode == "restores":
+        signal.signal(signal.SIGINT, mpimesh_handler)
+
+
+signal.signal(signal.SIGINT, take)
+try:
+    fut = mesh.fault.call_one("hang")
+    print("END", flush=True)  # from here on the job must end by itself, promptly
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the default hook ends the job before this returns
+        select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+        try:
+            os.read(r, 64)
+        except BlockingIOError:
+            pass
+    print("not ended", flush=True)
+finally:
+    emit(adverb="finally", seconds=time.monotonic() - taken[0] if taken else None)
+    print("finally ran", flush=True)
+'''
+
+
+def unhandled_report(launch: str, job: Job) -> str:
+    """The default hook's report of the SIGKILL of the process of ``job``'s ``pid`` row."""
+    died = proc_re(launch, job.rows["pid"], CAUSES["sigkill"])
+    return rf"mpimesh: unhandled failure, ending the job:\n{mesh_failed('w')}\n  {died}\n"
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_default_hook_sends_a_lost_sigint_again(launch: str, tmp_path: Path) -> None:
+    """A SIGINT of the default hook that the script never sees is sent again: the end still runs `finally`.
+
+    The script's own handler takes the first SIGINT, as if it were lost
+    (CPython's race: it lands as a blocking wait drops the GIL, and wakes
+    nothing), and puts mpimesh's handler back.  mpimesh's handler has not
+    run, so SIGINT is sent again within 50 ms: the script ends in a
+    KeyboardInterrupt, its `finally` and atexit handlers run once each, the
+    job exits 1, long before the ``MPIMESH_SHUTDOWN_TIMEOUT`` (2 s) fallback.
+    """
+    needs_ulfm()
+    path = tmp_path / "job.py"
+    path.write_text(TAKES_SIGINT)
+    job = run_job(job_cmd(launch, path, "restores", n=3), timeout=60)
+    assert_ended(job, 1, pool_deaths=launch == "pool")
+    assert len(re.findall(unhandled_report(launch, job), job.stderr)) == 1, job.describe()
+    assert job.stdout.count("the script's handler took a SIGINT") == 1, job.describe()
+    assert "not ended" not in job.stdout, job.describe()
+    assert job.stdout.count("finally ran") == 1 and job.stdout.count("atexit ran") == 1, job.describe()
+    assert job.rows["finally"]["seconds"] < RESENT_BOUND, job.describe()
+    assert "mpimesh: the script was interrupted by the unhandled failure above" in job.stderr, job.describe()
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_default_hook_ends_a_script_that_keeps_its_sigint_handler(launch: str, tmp_path: Path) -> None:
+    """A script whose own handler takes every SIGINT gets one SIGINT, and is ended at the fallback.
+
+    Nothing tells mpimesh whether that handler got the signal, so nothing is
+    sent again while it is SIGINT's; ``MPIMESH_SHUTDOWN_TIMEOUT`` after the
+    SIGINT the controller stops the workers and leaves with ``os._exit(1)``:
+    status 1, no `finally`, no atexit handler, no process left.
+    """
+    needs_ulfm()
+    path = tmp_path / "job.py"
+    path.write_text(TAKES_SIGINT)
+    job = run_job(job_cmd(launch, path, "keeps", n=3), timeout=60)
+    assert_ended(job, 1, pool_deaths=launch == "pool")
+    assert len(re.findall(unhandled_report(launch, job), job.stderr)) == 1, job.describe()
+    assert job.stdout.count("the script's handler took a SIGINT") == 1, job.describe()
+    assert job.after_end is not None and job.after_end >= float(ENV["MPIMESH_SHUTDOWN_TIMEOUT"]), job.describe()
+    for line in ("not ended", "finally ran", "atexit ran"):
+        assert line not in job.stdout, job.describe()
+
+
 FINALIZERS = PREAMBLE + r'''
 import finmod
 
