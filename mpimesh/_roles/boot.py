@@ -36,7 +36,6 @@ from ..errors import MeshInternalError
 from .controller import Controller
 from .interactive import before_kernel_shutdown, interactive_session
 from .liveness import start_last_words
-from .sigint import install_sigint_handler
 from .worker import Worker, run
 
 __all__ = ["boot_controller", "boot_embedded", "boot_pool", "boot_spawned", "main_pool", "main_spawned"]
@@ -77,11 +76,6 @@ def _start_ulfm_beat() -> None:
 def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controller:
     """Start the controller on rank 0 of ``world``; collective with :func:`boot_pool`.
 
-    Called on the main thread while SIGINT's handler is Python's own, it
-    installs an equivalent one that counts its runs
-    (:func:`.sigint.install_sigint_handler`): Ctrl-C still raises
-    KeyboardInterrupt.
-
     Args:
         world: the launch world.
         embedded: booted on first use by a plain ``python script.py``: the
@@ -96,9 +90,6 @@ def boot_controller(world: MPI.Intracomm, *, embedded: bool = False) -> Controll
     controller = Controller(rt, [((0, r), host, pid) for r, (host, pid) in enumerate(infos) if r > 0])
     rt.open_bell()
     _current.install(rt)
-    # Our SIGINT handler (Python's, counting its runs), so that the end of an unhandled
-    # failure can tell a lost SIGINT and send it again (_roles/sigint.py).
-    controller.end.sigint = install_sigint_handler()
     controller.start()
     if embedded:
         atexit.register(controller.end.at_exit)

@@ -34,7 +34,7 @@ from .islands import Islands
 from .job_status import set_job_exit_status
 from .pool import Pool
 from .procs import Procs
-from .sigint import Interruption, SigintHandler
+from .sigint import Interruption
 from .worker import FINALIZE_BOUND
 
 __all__ = ["EndOfJob", "Stage"]
@@ -83,8 +83,6 @@ class EndOfJob:
         self._leaving = threading.Event()
         # leave() runs from atexit (an embedded controller): atexit is already running
         self._at_exit = False
-        #: the main thread's SIGINT handler, installed at boot (``boot_controller``); None: not ours
-        self.sigint: SigintHandler | None = None
         # runs the unhandled fault hook, and the end of a job that cannot outlive a death
         self._supervisor = ThreadPoolExecutor(1, thread_name_prefix="mpimesh-supervisor")
 
@@ -261,19 +259,20 @@ class EndOfJob:
         # a KeyboardInterrupt in the main thread, so that the script's
         # `finally` blocks and atexit handlers run, and the job exits 1
         # (leave).  One SIGINT can be lost (a CPython race: it lands as a
-        # blocking wait drops the GIL, and wakes nothing), so while our
-        # handler (self.sigint) is SIGINT's and has not run, SIGINT is sent
-        # again every 50 ms; never once it has run (_roles/sigint.py).  A
-        # script that has not begun to leave within MPIMESH_SHUTDOWN_TIMEOUT
-        # of the first SIGINT (it caught the interrupt, it is stuck in C
-        # code, its own handler took the signal) is ended from here, at once.
+        # blocking wait drops the GIL, and wakes nothing), so while the main
+        # thread's top frame stays where the first found it, at the same
+        # instruction, SIGINT is sent again every 50 ms; never once it has
+        # moved (_roles/sigint.py).  A script that has not begun to leave
+        # within MPIMESH_SHUTDOWN_TIMEOUT of the first SIGINT (it caught the
+        # interrupt, it is stuck in C code, its own handler swallows SIGINT)
+        # is ended from here, at once.
         self.failed_unhandled = True
         if self._leaving.is_set():
             return  # the script has ended: leave() is stopping the job, and exits 1
         main = threading.main_thread()
         if (main.is_alive() and main is not threading.current_thread() and main.ident is not None
                 and callable(signal.getsignal(signal.SIGINT))):
-            interruption = Interruption(main, self._leaving, self.sigint)
+            interruption = Interruption(main, self._leaving)
             # A daemon thread waits: the interpreter's exit joins the supervisor's.
             threading.Thread(target=self._end_unless_leaving, args=(interruption,), name="mpimesh-end-job",
                              daemon=True).start()
