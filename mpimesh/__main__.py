@@ -73,8 +73,8 @@ def _run(kind: str, target: str, args: list[str], failed: Callable[[], bool] = l
         try:
             traceback.print_exc()
         except KeyboardInterrupt:
-            # The interrupt of an unhandled failure (Controller._end_job) landed while an exception of the
-            # same failure was printed (seen under srun: the SupervisionError first, the hook's SIGINT a moment
+            # The interrupt of an unhandled failure (EndOfJob._after_unhandled) landed while an exception of
+            # the same failure was printed (seen under srun: the SupervisionError first, the hook's SIGINT a moment
             # later).  Escaping here it would skip leave(): the interpreter's exit then hangs in MPI_Finalize.
             print("\nmpimesh: the script was interrupted by the unhandled failure above", file=sys.stderr, flush=True)
         return 1

@@ -34,6 +34,7 @@ from .islands import Islands
 from .job_status import set_job_exit_status
 from .pool import Pool
 from .procs import Procs
+from .sigint import Interruption
 from .worker import FINALIZE_BOUND
 
 __all__ = ["EndOfJob", "Stage"]
@@ -257,23 +258,29 @@ class EndOfJob:
         # An unhandled failure ends the job as Monarch's default hook does:
         # a KeyboardInterrupt in the main thread, so that the script's
         # `finally` blocks and atexit handlers run, and the job exits 1
-        # (leave).  A script that has not begun to leave within
-        # MPIMESH_SHUTDOWN_TIMEOUT (it caught the interrupt, it is stuck in
-        # C code, SIGINT is ignored) is ended from here, at once.
+        # (leave).  One SIGINT can be lost (a CPython race: it lands as a
+        # blocking wait drops the GIL, and wakes nothing), so while the main
+        # thread's top frame stays where the first found it, at the same
+        # instruction, SIGINT is sent again every 50 ms; never once it has
+        # moved (_roles/sigint.py).  A script that has not begun to leave
+        # within MPIMESH_SHUTDOWN_TIMEOUT of the first SIGINT (it caught the
+        # interrupt, it is stuck in C code, its own handler swallows SIGINT)
+        # is ended from here, at once.
         self.failed_unhandled = True
         if self._leaving.is_set():
             return  # the script has ended: leave() is stopping the job, and exits 1
         main = threading.main_thread()
         if (main.is_alive() and main is not threading.current_thread() and main.ident is not None
                 and callable(signal.getsignal(signal.SIGINT))):
-            signal.pthread_kill(main.ident, signal.SIGINT)
+            interruption = Interruption(main, self._leaving)
             # A daemon thread waits: the interpreter's exit joins the supervisor's.
-            threading.Thread(target=self._end_unless_leaving, name="mpimesh-end-job", daemon=True).start()
+            threading.Thread(target=self._end_unless_leaving, args=(interruption,), name="mpimesh-end-job",
+                             daemon=True).start()
             return
         self._end_now()
 
-    def _end_unless_leaving(self) -> None:
-        if not self._leaving.wait(settings.shutdown_timeout):
+    def _end_unless_leaving(self, interruption: Interruption) -> None:
+        if not interruption.wait_left(settings.shutdown_timeout):
             self._end_now()
 
     def _end_now(self) -> None:

@@ -577,6 +577,128 @@ def test_default_hook_ends_the_job(launch: str, tmp_path: Path) -> None:
     lost_cause(job.stderr)
 
 
+#: Seconds from the SIGINT that the script's own handler swallowed to the script's `finally`: mpimesh sends
+#: SIGINT again every 50 ms while the main thread has not moved (``_roles/sigint.py``), well under the 2 s fallback.
+RESENT_BOUND = 1.0
+
+SWALLOWS_SIGINT = PREAMBLE + r"""
+import atexit
+mode = sys.argv[1]  # once: the script's handler swallows one SIGINT, then puts Python's back; always: every one
+mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("w", W)
+pid = mesh.pid.call_one().get(30)
+emit(adverb="pid", pid=pid, host=HOST)
+atexit.register(lambda: print("atexit ran", flush=True))
+swallowed = []
+
+
+def swallow(signum, frame):
+    # a SIGINT that never becomes a KeyboardInterrupt: as if lost
+    swallowed.append(time.monotonic())
+    print("the script's handler swallowed a SIGINT", flush=True)
+    if mode == "once":
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+signal.signal(signal.SIGINT, swallow)
+try:
+    fut = mesh.fault.call_one("hang")
+    print("END", flush=True)  # from here on the job must end by itself, promptly
+    os.kill(pid, signal.SIGKILL)
+    # The handler returns into this wait's lock acquire, which blocks again: the same frame
+    # (threading.Condition.wait), at the same instruction.  (A select woken by signal.set_wakeup_fd
+    # would return and loop: the position would move, and nothing would be sent again.)
+    threading.Event().wait(60)  # the default hook ends the job before this returns
+    print("not ended", flush=True)
+finally:
+    emit(adverb="finally", seconds=time.monotonic() - swallowed[0] if swallowed else None)
+    print("finally ran", flush=True)
+"""
+
+
+def unhandled_report(launch: str, job: Job) -> str:
+    """The default hook's report of the SIGKILL of the process of ``job``'s ``pid`` row."""
+    died = proc_re(launch, job.rows["pid"], CAUSES["sigkill"])
+    return rf"mpimesh: unhandled failure, ending the job:\n{mesh_failed('w')}\n  {died}\n"
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_default_hook_sends_a_lost_sigint_again(launch: str, tmp_path: Path) -> None:
+    """A SIGINT of the default hook that the script never sees is sent again: the end still runs `finally`.
+
+    The script's own handler swallows the first SIGINT, as if it were lost
+    (CPython's race: it lands as a blocking wait drops the GIL, and wakes
+    nothing), and puts ``signal.default_int_handler`` back.  The wait it
+    interrupted resumes in the same frame at the same instruction, so
+    mpimesh sends SIGINT again within 50 ms: the script ends in a
+    KeyboardInterrupt, its `finally` and atexit handlers run once each, the
+    job exits 1, long before the ``MPIMESH_SHUTDOWN_TIMEOUT`` (2 s) fallback.
+    """
+    needs_ulfm()
+    path = tmp_path / "job.py"
+    path.write_text(SWALLOWS_SIGINT)
+    job = run_job(job_cmd(launch, path, "once", n=3), timeout=60)
+    assert_ended(job, 1, pool_deaths=launch == "pool")
+    assert len(re.findall(unhandled_report(launch, job), job.stderr)) == 1, job.describe()
+    assert job.stdout.count("the script's handler swallowed a SIGINT") == 1, job.describe()
+    assert "not ended" not in job.stdout, job.describe()
+    assert job.stdout.count("finally ran") == 1 and job.stdout.count("atexit ran") == 1, job.describe()
+    assert job.rows["finally"]["seconds"] < RESENT_BOUND, job.describe()
+    assert "mpimesh: the script was interrupted by the unhandled failure above" in job.stderr, job.describe()
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_default_hook_ends_a_script_that_keeps_its_sigint_handler(launch: str, tmp_path: Path) -> None:
+    """A script whose own handler swallows every SIGINT is ended at the fallback.
+
+    Its wait never moves, so SIGINT is sent again, and swallowed, every
+    50 ms; ``MPIMESH_SHUTDOWN_TIMEOUT`` after the first the controller stops
+    the workers and leaves with ``os._exit(1)``: status 1, no `finally`, no
+    atexit handler, no process left.
+    """
+    needs_ulfm()
+    path = tmp_path / "job.py"
+    path.write_text(SWALLOWS_SIGINT)
+    job = run_job(job_cmd(launch, path, "always", n=3), timeout=60)
+    assert_ended(job, 1, pool_deaths=launch == "pool")
+    assert len(re.findall(unhandled_report(launch, job), job.stderr)) == 1, job.describe()
+    assert job.stdout.count("the script's handler swallowed a SIGINT") >= 1, job.describe()
+    assert job.after_end is not None and job.after_end >= float(ENV["MPIMESH_SHUTDOWN_TIMEOUT"]), job.describe()
+    for line in ("not ended", "finally ran", "atexit ran"):
+        assert line not in job.stdout, job.describe()
+
+
+ASYNCIO_SIGINT = PREAMBLE + r"""
+import asyncio
+mesh = this_host().spawn_procs(per_host={"gpus": 1}).spawn("w", W)
+mesh.pid.call_one().get(30)
+
+
+async def main():
+    return repr(signal.getsignal(signal.SIGINT))
+
+
+emit(adverb="sigint", booted=signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+     in_asyncio_run=asyncio.run(main()), after=signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_asyncio_run_gets_its_own_sigint_handler(launch: str, tmp_path: Path) -> None:
+    """mpimesh installs no SIGINT handler: in a booted controller ``asyncio.run`` installs its own.
+
+    ``asyncio.run`` (Python 3.11+) installs the handler that cancels its main
+    task only over ``signal.default_int_handler``; a Monarch program, often
+    ``asyncio.run(main())``, must get Ctrl-C as without mpimesh.
+    """
+    path = tmp_path / "job.py"
+    path.write_text(ASYNCIO_SIGINT)
+    job = run_job(job_cmd(launch, path, n=2), timeout=60)
+    assert job.returncode == 0, job.describe()
+    row = job.rows["sigint"]
+    assert row["booted"] is True and row["after"] is True, job.describe()
+    assert re.match(r"^functools\.partial\(<bound method Runner\._on_sigint of ", row["in_asyncio_run"]), job.describe()
+
+
 FINALIZERS = PREAMBLE + r'''
 import finmod
 
