@@ -354,7 +354,8 @@ static int settle_held(Replies *self, PyObject *fut, PyObject *value) {
  * handling, so when nobody holds it the settle runs without it, with the cyclic GC off: its reads and
  * writes of plain instance attributes then run no Python code and never let the GIL go (a collection,
  * which an allocation can start, could run finalizers that do), so no other thread runs, and none can
- * take the lock, until it is over: as if it held it. */
+ * take the lock, until it is over: as if it held it.  This rests on the GIL: a free-threaded CPython
+ * (3.13t) would need the lock taken always. */
 static int settle_unwatched(Replies *self, PyObject *fut, PyObject *value) {
     PyObject *held = PyObject_CallNoArgs(self->locked);
     int rc, taken;
