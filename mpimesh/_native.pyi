@@ -277,6 +277,22 @@ class Spin:
             True once the mailbox has mail; False where ``Progress.wait`` must go on (a follower, or
             ``spin`` seconds without traffic).  No call taken is left unrun.
         """
+    def getter(self, fallback: Any, finished: str, /) -> Getter:
+        """``Future.get`` in C over this spin (``future.set_driver`` puts it on ``Future``); ``fallback``: the rest."""
+
+class Getter:
+    """``Future.get`` without its Python frame (see native/getter.c): a method descriptor.
+
+    ``fut.get()`` returns ``fut._result`` once ``fut._state`` is ``finished`` with no exception, after
+    ``Spin.wait(fut)`` if it is not yet; a timeout, keywords, an exception, a cancelled future or the
+    spin declining go to ``fallback(fut, ...)``, the Python ``Future.get``.
+    """
+
+    #: the Python method it fronts
+    __wrapped__: Any
+    def __init__(self, spin: Spin, fallback: Any, finished: str) -> None: ...
+    def __get__(self, obj: Any, owner: type | None = None) -> Any: ...
+    def __call__(self, fut: Any, *args: Any, **kwargs: Any) -> Any: ...
 
 def fast_dumps(frame: Any, /) -> bytes | None:
     """The pickle the send path writes itself for a frame of None, bools, 64-bit ints, floats, strs and tuples.
