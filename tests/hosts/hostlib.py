@@ -120,16 +120,23 @@ def run_job(cmd: list[str], *, timeout: float = 90.0, env: dict[str, str] | None
     runtime: dict[str, str | None] = {name: value if ulfm else None for name, value in ULFM_RUNTIME.items()}
     job = mpitest.run_job(cmd, timeout=timeout, env={**ENV, **runtime, **(env or {})}, on_line=on_line, end=end,
                           exit_bound=EXIT_BOUND)
-    if lost_daemon(job):
+    relaunched = 0
+    while lost_daemon(job) and relaunched < RELAUNCHES:
         # PRRTE lost a host's daemon in a job that harmed no host: a failure of the simulated
         # hosts' launcher (it ends the whole job, and prterun exits 0), not of what the test
-        # checks.  Once more, and the job says so in its description.
+        # checks.  Again, and the job says so in its description.
         print(f"hostlib: PRRTE lost a daemon in an unharmed job ({job.seconds:.1f} s): once more", file=sys.stderr)
-        again = mpitest.run_job(cmd, timeout=timeout, env={**ENV, **runtime, **(env or {})}, on_line=on_line,
-                                end=end, exit_bound=EXIT_BOUND)
-        again.relaunched += 1
-        return again
+        job = mpitest.run_job(cmd, timeout=timeout, env={**ENV, **runtime, **(env or {})}, on_line=on_line,
+                              end=end, exit_bound=EXIT_BOUND)
+        relaunched += 1
+        job.relaunched += relaunched
     return job
+
+
+#: Relaunches of a job that PRRTE cut short by losing a daemon although no host was harmed.  The
+#: island spawn of test_hosts_links lost mh1's daemon at ~0.9 s in 3 of 10 runs at 27aeaeb and in 1 of
+#: 13 after it, twice in a row once in CI (2026-11-28): one relaunch was not enough.
+RELAUNCHES = 3
 
 
 #: PRRTE's words when it loses a host's daemon; it then ends the whole job (docs/design/hosts.md 3.5).
