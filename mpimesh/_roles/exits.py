@@ -20,6 +20,7 @@ import fcntl
 import os
 import signal
 import struct
+import time
 
 # struct pidfd_info (include/uapi/linux/pidfd.h), its first version: 64 bytes
 _INFO = struct.Struct("=QQ11Ii")
@@ -58,6 +59,26 @@ def exit_status(fd: int, pid: int) -> int | None:
     if status is None:
         status = _from_pidfd(fd)  # reaped between the two reads
     return status
+
+
+#: Seconds :func:`ended_status` waits for the status of a process whose pidfd said it ended.
+SETTLE = 0.02
+
+
+def ended_status(fd: int, pid: int, within: float = SETTLE) -> int | None:
+    """:func:`exit_status` of a process whose pidfd polled readable: it waits up to ``within`` seconds.
+
+    The pidfd is readable as the process exits, a moment before it is a
+    zombie in ``/proc`` (CI saw "exited without a word" for an
+    ``os._exit(1)`` detected that early): the status is read again, every
+    millisecond, until it shows or ``within`` has passed.
+    """
+    end = time.monotonic() + within
+    while True:
+        status = exit_status(fd, pid)
+        if status is not None or time.monotonic() >= end:
+            return status
+        time.sleep(0.001)
 
 
 def describe(status: int | None) -> str:

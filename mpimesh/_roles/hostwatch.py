@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import protocol
 from .._transport.frames import CONTROLLER, Addr
-from .exits import exit_status
+from .exits import ended_status
 from .liveness import exit_cause
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class HostWatch:
             if watched is None:
                 continue
             addr, pid = watched
-            status = exit_status(fd, pid)  # while the pidfd is still open
+            status = ended_status(fd, pid)  # while the pidfd is still open
             self._poller.unregister(fd)
             os.close(fd)
             self._report(addr, exit_cause(self.rt.controller_pid, addr, status))

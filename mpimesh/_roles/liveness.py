@@ -90,7 +90,7 @@ from .._core.logs import debug
 from .._core.protocol import Frame
 from .._transport.bell import bell_path, job_dir
 from ..config import settings
-from .exits import describe, exit_status
+from .exits import describe, ended_status
 
 __all__ = [
     "BUSY_CPU", "PING_AFTER", "Liveness", "LivenessRuntime", "exit_cause", "job_dir", "last_words_path", "progress",
@@ -375,7 +375,7 @@ class Liveness:
         for fd, _ in self._poller.poll(0):
             addr = self._fds.get(fd)
             if addr is not None:
-                status = exit_status(fd, self._pids.get(addr, 0))  # while the pidfd is still open
+                status = ended_status(fd, self._pids.get(addr, 0))  # while the pidfd is still open
                 self.forget(addr)
                 self.rt.failures.declare_dead(addr, self.cause(addr, status))
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mpimesh._roles.exits import describe, exit_status
+from mpimesh._roles.exits import describe, ended_status, exit_status
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds are Linux's (5.3)")
 
@@ -79,3 +79,23 @@ def test_the_report_names_the_signal_as_monarch_does() -> None:
                                 "(os._exit or an exit from C: no Python exception to report)")
     assert describe(None) == ("exited without a word (os._exit, SIGKILL or the OOM killer; "
                               "the launcher's log has its exit status)")
+
+
+def test_an_ended_process_status_is_waited_for_a_moment() -> None:
+    """ended_status reads the status as exit_status does, and gives up after its bound on a live process."""
+    child, fd = ended("os._exit(3)")
+    try:
+        assert ended_status(fd, child.pid) == 3 << 8
+    finally:
+        os.close(fd)
+        child.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    fd = os.pidfd_open(live.pid)
+    try:
+        start = time.monotonic()
+        assert ended_status(fd, live.pid, within=0.05) is None
+        assert 0.05 <= time.monotonic() - start < 5
+    finally:
+        live.kill()
+        live.wait()
+        os.close(fd)
